@@ -1,0 +1,1 @@
+"""Grafana boards as code, the panel query catalogue, and the evidence tool."""
