@@ -12,7 +12,7 @@ Bucket bounds (seconds) are explicit so that reports can quote them:
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from .analysis import Result
 
@@ -37,6 +37,9 @@ E2E_BUCKETS: tuple[float, ...] = (
 )
 
 _LABELS = ("engine", "scenario")
+
+# ``*_created`` series double the series count and no board or rule reads them.
+disable_created_metrics()
 
 
 class ProxyMetrics:

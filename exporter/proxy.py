@@ -99,12 +99,13 @@ class _Exchange:
         self.response: web.StreamResponse | None = None
         self.analyzer: StreamAnalyzer | None = None
         self.capture: Capture | None = None
+        self.spec = RequestSpec()
         self.t0 = 0.0
 
     async def run(self, body: bytes) -> web.StreamResponse:
         cfg = self.state.config
         request = self.request
-        spec = RequestSpec.from_body(body)
+        self.spec = spec = RequestSpec.from_body(body)
         header_round = request.headers.get("X-Bench-Round")
         scenario, rnd = self.state.scenarios.resolve(self.engine.name, request.headers.get("X-Bench-Scenario"))
         if header_round is not None and header_round.isdigit() and int(header_round) <= MAX_ROUND:
@@ -202,7 +203,7 @@ class _Exchange:
         now = time.monotonic()
         analyzer = self.analyzer
         if analyzer is None:  # no response at all: judge an empty one
-            analyzer = StreamAnalyzer(self.t0, None, RequestSpec(), streaming=False)
+            analyzer = StreamAnalyzer(self.t0, None, self.spec, streaming=False)
         result = analyzer.finish(now, error, detail)
         state = self.state
         state.metrics.observe(meta["engine"], meta["scenario"], result)
