@@ -9,6 +9,7 @@ core (:mod:`exporter.analysis`) looks at each read after it has been passed on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -22,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from .analysis import RequestSpec, Result, StreamAnalyzer
 from .config import Config, Engine
+from .gpu import GpuCollector, make_source, poll_forever
 from .metrics import ProxyMetrics
 from .records import Capture, JsonlWriter, write_capture
 from .scenarios import MAX_ROUND, ScenarioBoard
@@ -55,6 +57,7 @@ class ProxyState:
             config.scenarios, [e.name for e in config.engines], self.metrics, self.scenario_log
         )
         self.session: aiohttp.ClientSession | None = None
+        self.in_flight = 0  # all engines together; the simulated GPUs follow it
         for e in config.engines:  # export zero-valued in-flight series from the start
             self.metrics.in_flight.labels(e.name).set(0)
 
@@ -124,6 +127,7 @@ class _Exchange:
             self.capture = Capture(cfg.max_capture_bytes)
         gauge = self.state.metrics.in_flight.labels(self.engine.name)
         gauge.inc()
+        self.state.in_flight += 1
         wall = time.time()
         self.t0 = t0 = time.monotonic()
         error: str | None = None
@@ -146,6 +150,7 @@ class _Exchange:
             result = self._finish(meta, wall, error, detail)
         finally:
             gauge.dec()
+            self.state.in_flight -= 1
         return await self._close_client(result)
 
     def _timeout_detail(self) -> str:
@@ -335,12 +340,30 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
         state.close()
 
 
+async def _gpu_collector(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    source = make_source(state.config.gpu, lambda: state.in_flight)
+    if source is None:
+        yield
+        return
+    collector = GpuCollector(state.registry)
+    task = asyncio.create_task(poll_forever(source, collector, state.config.gpu_interval_s))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        source.close()
+
+
 def create_app(config: Config, registry: CollectorRegistry | None = None) -> web.Application:
     """The proxy app; pass ``handler_cancellation=True`` to the runner to see client aborts early."""
     app = web.Application(client_max_size=config.max_request_body_bytes)
     app[CONFIG] = config
     app[STATE] = ProxyState(config, registry if registry is not None else CollectorRegistry())
     app.cleanup_ctx.append(_upstream_session)
+    app.cleanup_ctx.append(_gpu_collector)
     app.router.add_get("/metrics", _metrics_handler)
     app.router.add_get("/-/healthy", _healthy)
     app.router.add_get("/-/ready", _ready)

@@ -1,0 +1,154 @@
+"""Grafana dashboards built with grafanalib from the panel catalogue.
+
+grafanalib 0.7.1 is stale, so its output is finished here as plain dicts: a modern
+``schemaVersion``, ``maxDataPoints`` well above its default of 100, thresholds and colour
+overrides, datasource references to the ``$datasource`` variable, Prometheus annotations.
+The generated JSON is committed under ``dashboards/generated/`` and a test keeps it fresh.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import grafanalib.core as g
+from grafanalib._gen import DashboardEncoder
+
+from .catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, Board, Panel
+
+__all__ = ["SCHEMA_VERSION", "MAX_DATA_POINTS", "build", "build_all", "write_all", "GENERATED"]
+
+SCHEMA_VERSION = 39
+MAX_DATA_POINTS = 1500
+GENERATED = Path(__file__).resolve().parent / "generated"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+_VARIABLES: dict[str, dict[str, Any]] = {
+    "engine": {"query": "label_values(llmbench_requests_in_flight, engine)", "label": "Engine"},
+    "scenario": {"query": "label_values(llmbench_requests_total, scenario)", "label": "Scenario"},
+    "host": {"query": "query_result(count by (Hostname, hostname) (DCGM_FI_DEV_GPU_UTIL))",
+             "regex": '/[Hh]ostname="([^"]+)"/', "label": "Host"},
+    "gpu": {"query": "label_values(DCGM_FI_DEV_GPU_UTIL, gpu)", "label": "GPU"},
+}
+
+
+def _variable(name: str) -> g.Template:
+    if name == "datasource":
+        return g.Template(name="datasource", query="prometheus", type="datasource", label="Data source",
+                          default=DATASOURCE_UID, hide=0)
+    v = _VARIABLES[name]
+    return g.Template(name=name, query=v["query"], dataSource=DS, label=v["label"], includeAll=True,
+                      multi=True, allValue=".*", default="$__all", regex=v.get("regex", ""), refresh=2, sort=1)
+
+
+def _color_overrides(panel: Panel) -> list[dict[str, Any]]:
+    if not panel.per_engine_colors:
+        return []
+    return [
+        {"matcher": {"id": "byRegexp", "options": f"^{engine}.*"},
+         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+        for engine, color in ENGINE_COLORS.items()
+    ]
+
+
+def _thresholds(panel: Panel) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    steps += [{"color": "red", "value": v} for v in panel.thresholds]
+    return {"mode": "absolute", "steps": steps}
+
+
+def _grafanalib_panel(panel: Panel, pos: g.GridPos) -> g.Panel:
+    targets = [g.Target(expr=q.expr, legendFormat=q.legend, refId=q.ref, datasource=DS) for q in panel.queries]
+    common: dict[str, Any] = dict(title=panel.title, description=panel.description, dataSource=DS,
+                                  targets=targets, gridPos=pos, maxDataPoints=MAX_DATA_POINTS)
+    if panel.kind == "stat":
+        return g.Stat(format=panel.unit, reduceCalc="lastNotNull", graphMode="none", textMode="value_and_name",
+                      colorMode="value", **common)
+    return g.TimeSeries(unit=panel.unit, lineWidth=2, fillOpacity=5, showPoints="never", spanNulls=False,
+                        legendDisplayMode="table", legendPlacement="bottom", legendCalcs=["lastNotNull", "max"],
+                        tooltipMode="multi", **common)
+
+
+def _layout(board: Board) -> list[g.GridPos]:
+    """Row-major grid of 24 columns: stat panels in a row above the 2-column time series."""
+    out, x, y, row_h = [], 0, 0, 0
+    for p in board.panels:
+        if x + p.width > 24:
+            x, y, row_h = 0, y + row_h, 0
+        out.append(g.GridPos(h=p.height, w=p.width, x=x, y=y))
+        x += p.width
+        row_h = max(row_h, p.height)
+    return out
+
+
+def _annotations(board: Board) -> dict[str, Any]:
+    items: list[dict[str, Any]] = [{
+        "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
+        "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
+    }]
+    if board.annotations:
+        items.append({
+            "datasource": DS, "enable": True, "hide": False, "iconColor": "rgba(120, 120, 120, 0.6)",
+            "name": "Scenario rounds", "expr": 'llmbench_scenario_info{engine=~"$engine"}',
+            "step": "5s", "titleFormat": "{{scenario}} #{{round}}", "textFormat": "{{engine}}",
+            "tagKeys": "engine,scenario,round", "useValueForTime": False,
+        })
+    return {"list": items}
+
+
+def build(board: Board) -> dict[str, Any]:
+    """One board as Grafana JSON (a dict)."""
+    positions = _layout(board)
+    dash = g.Dashboard(
+        title=board.title, uid=board.uid, tags=list(board.tags), timezone="utc", refresh="10s",
+        time=g.Time("now-30m", "now"), schemaVersion=SCHEMA_VERSION, editable=True,
+        templating=g.Templating([_variable(v) for v in board.variables]),
+        panels=[_grafanalib_panel(p, pos) for p, pos in zip(board.panels, positions)],
+    ).auto_panel_ids()
+    data: dict[str, Any] = json.loads(json.dumps(dash.to_json_data(), cls=DashboardEncoder))
+    data.pop("rows", None)
+    data["schemaVersion"] = SCHEMA_VERSION
+    data["annotations"] = _annotations(board)
+    data["graphTooltip"] = 1  # shared crosshair
+    for panel, out in zip(board.panels, data["panels"]):
+        out["maxDataPoints"] = MAX_DATA_POINTS
+        defaults = out["fieldConfig"]["defaults"]
+        defaults["thresholds"] = _thresholds(panel)
+        defaults["unit"] = panel.unit
+        if panel.thresholds and panel.kind == "timeseries":
+            defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
+        out["fieldConfig"]["overrides"] = _color_overrides(panel)
+        out["pluginVersion"] = "10.4.0"
+        for key in ("height", "span", "minSpan", "error", "repeat", "repeatDirection", "maxPerRow"):
+            out.pop(key, None)
+        for target in out["targets"]:
+            for key in ("step", "query", "metric", "target"):
+                target.pop(key, None)
+            target["intervalFactor"] = 1
+            target["range"] = True
+    for var in data["templating"]["list"]:
+        if var["type"] == "datasource":
+            var["current"] = {"selected": True, "text": "Prometheus", "value": DATASOURCE_UID}
+        else:
+            var["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    return data
+
+
+def build_all() -> dict[str, dict[str, Any]]:
+    return {name: build(board) for name, board in BOARDS.items()}
+
+
+def render_json(board: dict[str, Any]) -> str:
+    return json.dumps(board, indent=2, sort_keys=True) + "\n"
+
+
+def write_all(out_dir: Path = GENERATED) -> list[Path]:
+    """Write ``<name>.json`` per board; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, data in build_all().items():
+        path = out_dir / f"{name}.json"
+        path.write_text(render_json(data), encoding="utf-8")
+        paths.append(path)
+    return paths

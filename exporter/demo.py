@@ -1,0 +1,167 @@
+"""``llm-bench-exporter demo``: the whole stack on one machine with simulated engines.
+
+Starts a simulated SGLang and a simulated vLLM (the latter with a small ``empty_text``
+rate, the seed's failure), the proxy in front of both with 8 simulated GPUs, and a real
+Prometheus with the repo's config when one is installed.  Then it runs a short plan against
+each engine in turn, like the seed, writes the dashboards and the round tables, prints
+where everything is, and shuts every child down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .load import Driver, load_plan
+from .stack import REPO_FILES, Child, exporter_argv, free_port, render_prometheus_config, start_prometheus, wait_http
+
+__all__ = ["add_parser", "run_demo"]
+
+ENGINES = ("sglang", "vllm")
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _table(summaries: list[dict[str, Any]]) -> str:
+    head = f"{'engine':<8} {'scenario':<12} {'success':>9} {'tok/s':>9} {'TTFT P95 s':>11} {'TPOT P95 ms':>12} {'E2E P95 s':>10}"
+    lines = [head, "-" * len(head)]
+
+    def f(v: Any, scale: float = 1.0, nd: int = 3) -> str:
+        return "-" if v is None else f"{v * scale:.{nd}f}"
+
+    for s in summaries:
+        for cell in s["cells"]:
+            m = cell["median"]
+            lines.append(f"{s['engine']:<8} {cell['cell']['scenario']:<12} {m['success']:>4}/{m['requests']:<4} "
+                         f"{f(m['output_throughput_tok_s'], nd=1):>9} {f(m['ttft_p95_s']):>11} "
+                         f"{f(m['tpot_p95_s'], 1000, 1):>12} {f(m['e2e_p95_s']):>10}")
+        for stop in s["stops"]:
+            lines.append(f"{s['engine']:<8} stage {stop['stage']} stopped after {stop['after']}: {stop['reason']}")
+    return "\n".join(lines)
+
+
+def _write_dashboards(out: Path) -> Path | None:
+    try:
+        from dashboards.boards import write_all
+    except ImportError:
+        return None
+    target = out / "dashboards"
+    write_all(target)
+    return target
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    out = Path(args.out).resolve()
+    if out.exists() and not args.keep_output:
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    logs = out / "logs"
+    plan = load_plan(args.plan)
+    scenarios = sorted({c.scenario for st in plan.stages for c in st.cells} | {"warmup"})
+    ports = {name: free_port() for name in (*ENGINES, "proxy", "prometheus")}
+    children: list[Child] = []
+    try:
+        for name in ENGINES:
+            extra = ["--fault-empty-text", str(args.empty_text_rate)] if name == "vllm" else []
+            children.append(Child(f"sim-{name}", exporter_argv(
+                "sim", "--profile", name, "--listen", f"127.0.0.1:{ports[name]}",
+                "--speed", str(args.speed), "--seed", "7", *extra), logs))
+        config = {
+            "listen": f"127.0.0.1:{ports['proxy']}",
+            "engines": [{"name": n, "upstream": f"http://127.0.0.1:{ports[n]}"} for n in ENGINES],
+            "scenarios": scenarios,
+            "records_dir": str(out / "records"),
+            "capture_raw_sse": "failures",
+            "gpu": args.gpu,
+            "gpu_interval_s": 5,
+        }
+        cfg_path = out / "stack.yaml"
+        cfg_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        proxy = Child("proxy", exporter_argv("serve", "--config", str(cfg_path)), logs)
+        children.append(proxy)
+        for child, name in zip(children, ENGINES):
+            wait_http(f"http://127.0.0.1:{ports[name]}/health", 30, child)
+        wait_http(f"http://127.0.0.1:{ports['proxy']}/-/ready", 30, proxy)
+        prom_url = None
+        prom_cfg = render_prometheus_config({
+            "llmbench-exporter": [f"127.0.0.1:{ports['proxy']}"],
+            "sglang": [f"127.0.0.1:{ports['sglang']}"],
+            "vllm": [f"127.0.0.1:{ports['vllm']}"],
+        }, out / "prometheus")
+        if args.no_prometheus:
+            _say("Prometheus: skipped (--no-prometheus)")
+        else:
+            try:
+                children.append(start_prometheus(prom_cfg, out / "prometheus" / "data", ports["prometheus"], logs))
+                prom_url = f"http://127.0.0.1:{ports['prometheus']}"
+                _say(f"Prometheus: {prom_url} (config {prom_cfg})")
+            except FileNotFoundError:
+                _say("Prometheus: no `prometheus` binary on PATH, going on without it. Get one with\n"
+                     "  apt-get install -y --no-install-recommends prometheus   (Debian/Ubuntu)\n"
+                     f"  and it will scrape with {prom_cfg}")
+        _say(f"proxy: http://127.0.0.1:{ports['proxy']}  (metrics at /metrics)")
+        started = time.time()
+        summaries = []
+        for name in ENGINES:  # one engine after the other, like the seed
+            _say(f"running plan {args.plan} against {name} ...")
+
+            async def drive(engine: str = name) -> dict[str, Any]:
+                base = f"http://127.0.0.1:{ports['proxy']}/{engine}"
+                async with Driver(base, out / "load" / engine, seed=11) as driver:
+                    return await driver.run_plan(plan)
+
+            summaries.append(asyncio.run(drive()))
+        ended = time.time()
+        time.sleep(args.settle)  # let Prometheus scrape the last counts
+        (out / "summary.json").write_text(json.dumps(summaries, indent=2), encoding="utf-8")
+        table = _table(summaries)
+        (out / "rounds.txt").write_text(table + "\n", encoding="utf-8")
+        boards = _write_dashboards(out)
+        window = f"{int(started)},{int(ended + args.settle)}"
+        _say("\n" + table + "\n")
+        _say(f"records:    {out / 'records' / 'requests.jsonl'} (raw SSE of failures in {out / 'records' / 'captures'})")
+        _say(f"tables:     {out / 'load'}/<engine>/rounds.csv, summary.json; {out / 'rounds.txt'}")
+        if boards:
+            _say(f"dashboards: {boards} (import into Grafana, or use compose/)")
+        _say(f"logs:       {logs}")
+        if prom_url:
+            _say(f"evidence:   evidence export --prometheus {prom_url} --window {window} --out {out / 'evidence'}")
+        if args.keep_running:
+            _say("stack left running; Ctrl-C stops it")
+            while all(c.proc.poll() is None for c in children):
+                time.sleep(1)
+        return 0
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    finally:
+        for child in reversed(children):
+            child.stop()
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="the whole stack on one machine with simulated engines")
+    p.add_argument("--out", default="demo-run", help="output directory (default: ./demo-run)")
+    p.add_argument("--plan", default=str(REPO_FILES / "examples" / "plans" / "demo.yaml"))
+    p.add_argument("--speed", type=float, default=1.5, help="simulated engine speed factor")
+    p.add_argument("--empty-text-rate", type=float, default=0.02, help="vLLM sim's empty_text fault rate")
+    p.add_argument("--gpu", default="sim:8", help="GPU collector of the proxy: off | nvml | sim:N")
+    p.add_argument("--settle", type=float, default=6.0, help="seconds to wait for a last scrape")
+    p.add_argument("--no-prometheus", action="store_true")
+    p.add_argument("--keep-running", action="store_true", help="leave the stack up until Ctrl-C")
+    p.add_argument("--keep-output", action="store_true", help="do not clear --out first")
+    p.set_defaults(func=run_demo)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_demo(argparse.Namespace()))

@@ -1,0 +1,127 @@
+"""Running the stack's processes on one machine: free ports, children, Prometheus's config.
+
+Used by ``llm-bench-exporter demo`` and by the tests that feed a real Prometheus.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import requests
+import yaml
+
+__all__ = ["REPO_FILES", "free_port", "Child", "render_prometheus_config", "wait_http", "start_prometheus"]
+
+#: prometheus/ and dashboards/ next to the package (a source checkout or an editable install).
+REPO_FILES = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout_s: float = 30.0, child: Child | None = None) -> None:
+    """Poll ``url`` until it answers 200; fail early if ``child`` died."""
+    deadline = time.monotonic() + timeout_s
+    last: str = ""
+    while time.monotonic() < deadline:
+        if child is not None and child.proc.poll() is not None:
+            raise RuntimeError(f"{child.name} exited with status {child.proc.returncode}; log: {child.log_path}")
+        try:
+            r = requests.get(url, timeout=2)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except requests.RequestException as exc:
+            last = type(exc).__name__
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s ({last})")
+
+
+class Child:
+    """A child process with its output in a log file; stopped with SIGTERM, then SIGKILL."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{name}.log"
+        self._log: IO[bytes] = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self._log.close()
+        return self.proc.returncode
+
+
+def exporter_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "exporter.cli", *args]
+
+
+def render_prometheus_config(targets: Mapping[str, Sequence[str]], out_dir: Path,
+                             template: Path | None = None, scrape_interval: str | None = None) -> Path:
+    """Copy the repo's prometheus.yml and rules to ``out_dir`` with each job's targets replaced.
+
+    A job absent from ``targets`` is dropped (e.g. dcgm-exporter when there is no GPU).
+    """
+    template = template or REPO_FILES / "prometheus" / "prometheus.yml"
+    doc: dict[str, Any] = yaml.safe_load(template.read_text(encoding="utf-8"))
+    jobs = []
+    for job in doc["scrape_configs"]:
+        name = job["job_name"]
+        if name in targets:
+            job["static_configs"] = [{"targets": list(targets[name])}]
+            if scrape_interval:
+                job["scrape_interval"] = scrape_interval
+                job["scrape_timeout"] = scrape_interval
+            jobs.append(job)
+    unknown = set(targets) - {j["job_name"] for j in doc["scrape_configs"]}
+    if unknown:
+        raise ValueError(f"no such scrape jobs in {template}: {sorted(unknown)}")
+    doc["scrape_configs"] = jobs
+    if scrape_interval:
+        doc["global"].update(scrape_interval=scrape_interval, scrape_timeout=scrape_interval,
+                             evaluation_interval=scrape_interval)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rules_src = template.parent / "rules"
+    if rules_src.is_dir():
+        shutil.copytree(rules_src, out_dir / "rules", dirs_exist_ok=True)
+    path = out_dir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def start_prometheus(config: Path, data_dir: Path, port: int, log_dir: Path) -> Child:
+    """Debian's ``prometheus`` on loopback; raises FileNotFoundError when it is not installed."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise FileNotFoundError("prometheus")
+    child = Child("prometheus", [
+        binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+        f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
+        "--storage.tsdb.retention.time=7d",
+    ], log_dir)
+    wait_http(f"http://127.0.0.1:{port}/-/ready", 60, child)
+    return child
