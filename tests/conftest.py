@@ -101,3 +101,15 @@ def metric_value(text: str, name: str, **labels: str) -> float:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return s.value
     return 0.0
+
+
+@pytest.fixture(scope="session")
+def live_stack(tmp_path_factory: pytest.TempPathFactory):
+    """Simulated engines, the real proxy (4 simulated GPUs) and a real Prometheus with the
+    repo's prometheus.yml and rules, fed by the load driver through both engines in turn."""
+    from .prom import require_prometheus
+    from .stack_run import run_live_stack
+
+    require_prometheus()
+    with run_live_stack(tmp_path_factory.mktemp("live")) as stack:
+        yield stack
