@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from . import __version__
+from dashboards import __main__ as dashboards_cli
+
+from . import __version__, demo, load, sim
 from .config import ConfigError, load_config, parse_gpu, parse_listen
 
 __all__ = ["main"]
@@ -53,13 +55,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_yet(name: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        print(f"llm-bench-exporter {name}: not implemented yet", file=sys.stderr)
-        return 2
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-bench-exporter", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -71,24 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", type=_listen, help="HOST:PORT (overrides the config)")
     serve.add_argument("--gpu", type=_gpu, help="off | nvml | sim:N (overrides the config)")
     serve.set_defaults(func=cmd_serve)
-    _add_more(sub)
-    return parser
-
-
-def _add_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Subcommands whose modules register themselves (sim, load, demo, dashboards)."""
-    for name, module in (("sim", "sim"), ("load", "load"), ("demo", "demo"), ("dashboards", None)):
-        try:
-            if module is None:
-                from dashboards.__main__ import add_parser
-            else:
-                mod = __import__(f"exporter.{module}", fromlist=["add_parser"])
-                add_parser = mod.add_parser
-        except (ImportError, AttributeError):
-            p = sub.add_parser(name, help="not implemented yet")
-            p.set_defaults(func=_not_yet(name))
-            continue
+    for add_parser in (sim.add_parser, load.add_parser, demo.add_parser, dashboards_cli.add_parser):
         add_parser(sub)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
