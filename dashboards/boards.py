@@ -17,7 +17,7 @@ from grafanalib._gen import DashboardEncoder
 
 from .catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, Board, Panel
 
-__all__ = ["SCHEMA_VERSION", "MAX_DATA_POINTS", "build", "build_all", "write_all", "GENERATED"]
+__all__ = ["SCHEMA_VERSION", "MAX_DATA_POINTS", "build", "build_all", "write_all", "layout", "GENERATED"]
 
 SCHEMA_VERSION = 39
 MAX_DATA_POINTS = 1500
@@ -70,7 +70,7 @@ def _grafanalib_panel(panel: Panel, pos: g.GridPos) -> g.Panel:
                         tooltipMode="multi", **common)
 
 
-def _layout(board: Board) -> list[g.GridPos]:
+def layout(board: Board) -> list[g.GridPos]:
     """Row-major grid of 24 columns: stat panels in a row above the 2-column time series."""
     out, x, y, row_h = [], 0, 0, 0
     for p in board.panels:
@@ -99,7 +99,7 @@ def _annotations(board: Board) -> dict[str, Any]:
 
 def build(board: Board) -> dict[str, Any]:
     """One board as Grafana JSON (a dict)."""
-    positions = _layout(board)
+    positions = layout(board)
     dash = g.Dashboard(
         title=board.title, uid=board.uid, tags=list(board.tags), timezone="utc", refresh="10s",
         time=g.Time("now-30m", "now"), schemaVersion=SCHEMA_VERSION, editable=True,

@@ -35,6 +35,19 @@ def _p95(metric: str) -> str:
     return f"histogram_quantile(0.95, sum by (engine, le) (rate({metric}_bucket{{{_ES}}}[{W}])))"
 
 
+_OK = 'llmbench_requests_total{outcome="success", ' + _ES + "}"
+_JUDGED = 'llmbench_requests_total{outcome!="client_abort", ' + _ES + "}"
+_FAILED = 'llmbench_requests_total{outcome="failure", ' + _ES + "}"
+_EMPTY = "llmbench_empty_text_responses_total{" + _ES + "}"
+
+
+def _delta(selector: str) -> str:
+    """Exact count in the time range: the counters start at zero (the exporter creates every
+    series up front), so max - min over the range counts every event, without increase()'s
+    extrapolation to fractional requests.  Assumes no exporter restart inside the range."""
+    return f"max_over_time({selector}[$__range]) - min_over_time({selector}[$__range])"
+
+
 def _dcgm(metric: str, scale: str = "") -> str:
     # dcgm-exporter versions spell the host label Hostname or hostname: accept both.
     return f"({metric}{_HOST}{scale} or {metric}{_HOST_LC}{scale})"
@@ -89,15 +102,13 @@ COMPARISON = Board(
     annotations=True,
     panels=(
         Panel("success_ratio", "Success ratio", "percentunit", kind="stat", width=8, height=4,
-              queries=_q(f'sum by (engine) (increase(llmbench_requests_total{{outcome="success", {_ES}}}[$__range]))'
-                         f' / sum by (engine) (increase(llmbench_requests_total{{outcome!="client_abort", {_ES}}}[$__range]))'),
+              queries=_q(f"sum by (engine) ({_delta(_OK)}) / sum by (engine) ({_delta(_JUDGED)})"),
               description="Successful / (successful + failed) requests in the time range; client aborts excluded."),
         Panel("failures_by_reason", "Failures by reason", "short", kind="stat", width=8, height=4,
-              queries=_q(f'sum by (engine, reason) (increase(llmbench_requests_total{{outcome="failure", {_ES}}}[$__range]))',
-                         "{{engine}} {{reason}}"),
+              queries=_q(f"sum by (engine, reason) ({_delta(_FAILED)}) > 0", "{{engine}} {{reason}}"),
               description="Failed requests in the time range by the first failing check (SPEC section 4)."),
         Panel("empty_text", "Empty-text HTTP 200 responses", "short", kind="stat", width=8, height=4,
-              queries=_q(f'sum by (engine) (increase(llmbench_empty_text_responses_total{{{_ES}}}[$__range]))'),
+              queries=_q(f"sum by (engine) ({_delta(_EMPTY)})"),
               description="HTTP 200 streams with [DONE] and no visible text: counted as failures here, "
                           "as successes by clients that do not look at the text."),
         Panel("ttft_p95", "TTFT P95", "s", queries=_q(_p95("llmbench_time_to_first_token_seconds")),

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import Any
 import yaml
 
 from .load import Driver, load_plan
-from .stack import REPO_FILES, Child, exporter_argv, free_port, render_prometheus_config, start_prometheus, wait_http
+from .stack import (REPO_FILES, Child, exporter_argv, free_port, render_prometheus_config, start_prometheus,
+                    wait_for_scrapes, wait_http)
 
 __all__ = ["add_parser", "run_demo"]
 
@@ -60,7 +62,12 @@ def _write_dashboards(out: Path) -> Path | None:
     return target
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the stack as cleanly as Ctrl-C
     out = Path(args.out).resolve()
     if out.exists() and not args.keep_output:
         shutil.rmtree(out)
@@ -105,6 +112,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 children.append(start_prometheus(prom_cfg, out / "prometheus" / "data", ports["prometheus"], logs))
                 prom_url = f"http://127.0.0.1:{ports['prometheus']}"
                 _say(f"Prometheus: {prom_url} (config {prom_cfg})")
+                wait_for_scrapes(prom_url, 3)
             except FileNotFoundError:
                 _say("Prometheus: no `prometheus` binary on PATH, going on without it. Get one with\n"
                      "  apt-get install -y --no-install-recommends prometheus   (Debian/Ubuntu)\n"

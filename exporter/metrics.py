@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from .analysis import Result
+from .analysis import REASONS, Result
 
 __all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "ProxyMetrics"]
 
@@ -87,6 +87,21 @@ class ProxyMetrics:
             "llmbench_scenario_info", "1 while a scenario round is active.",
             ("engine", "scenario", "round"), registry=registry,
         )
+
+    def initialise(self, engine: str, scenarios: list[str]) -> None:
+        """Create every counter series an engine can have at zero, so that increase() and
+        rate() also count the first event of a series (a lazily created series starts at its
+        first value and loses it)."""
+        self.in_flight.labels(engine).set(0)
+        for scenario in scenarios:
+            self.requests.labels(engine, scenario, "success", "none")
+            self.requests.labels(engine, scenario, "client_abort", "client_abort")
+            for reason in REASONS[1:]:
+                self.requests.labels(engine, scenario, "failure", reason)
+            for outcome in ("success", "failure", "client_abort"):
+                self.output_tokens.labels(engine, scenario, outcome)
+            self.prompt_tokens.labels(engine, scenario)
+            self.empty_text.labels(engine, scenario)
 
     def observe(self, engine: str, scenario: str, result: Result) -> None:
         """Count one finished request; time it only when it succeeded."""

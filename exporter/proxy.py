@@ -58,10 +58,8 @@ class ProxyState:
         )
         self.session: aiohttp.ClientSession | None = None
         self.in_flight = 0  # all engines together; the simulated GPUs follow it
-        for e in config.engines:  # zero-valued series from the start, so increase() sees the first one
-            self.metrics.in_flight.labels(e.name).set(0)
-            for scenario in (*config.scenarios, "none", "other"):
-                self.metrics.empty_text.labels(e.name, scenario)
+        for e in config.engines:
+            self.metrics.initialise(e.name, [*config.scenarios, "none", "other"])
 
     def close(self) -> None:
         self.requests_log.close()

@@ -19,7 +19,8 @@ from typing import IO, Any
 import requests
 import yaml
 
-__all__ = ["REPO_FILES", "free_port", "Child", "render_prometheus_config", "wait_http", "start_prometheus"]
+__all__ = ["REPO_FILES", "free_port", "Child", "render_prometheus_config", "wait_http", "start_prometheus",
+           "wait_for_scrapes"]
 
 #: prometheus/ and dashboards/ next to the package (a source checkout or an editable install).
 REPO_FILES = Path(__file__).resolve().parent.parent
@@ -125,3 +126,19 @@ def start_prometheus(config: Path, data_dir: Path, port: int, log_dir: Path) -> 
     ], log_dir)
     wait_http(f"http://127.0.0.1:{port}/-/ready", 60, child)
     return child
+
+
+def wait_for_scrapes(prom_url: str, targets: int, timeout_s: float = 60.0) -> None:
+    """Prometheus staggers first scrapes over an interval: wait until ``targets`` are up,
+    so that load started afterwards is seen from its first request."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            doc = requests.get(f"{prom_url}/api/v1/query", params={"query": "sum(up)"}, timeout=5).json()
+            result = doc["data"]["result"]
+            if result and float(result[0]["value"][1]) >= targets:
+                return
+        except (requests.RequestException, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"Prometheus at {prom_url} did not scrape {targets} targets within {timeout_s:.0f} s")

@@ -93,14 +93,11 @@ def read_records(tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in Prometheus text format (0 when absent)."""
+    """The sum of the samples that match ``labels`` in Prometheus text format (0 when none)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return 0.0
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import requests
 import yaml
 
 from exporter.load import Cell, Driver, Plan, Stage
-from exporter.stack import Child, exporter_argv, free_port, render_prometheus_config, start_prometheus, wait_http
+from exporter.stack import (Child, exporter_argv, free_port, render_prometheus_config, start_prometheus,
+                            wait_for_scrapes, wait_http)
 
 SCENARIOS = ["short-c2", "short-c8"]
 
@@ -53,7 +54,7 @@ def run_live_stack(tmp: Path) -> Iterator[LiveStack]:
         for name in ("sglang", "vllm"):
             faults = ["--fault-empty-text", "0.1"] if name == "vllm" else []
             children.append(Child(f"sim-{name}", exporter_argv(
-                "sim", "--profile", name, "--listen", f"127.0.0.1:{ports[name]}", "--speed", "4", *faults), logs))
+                "sim", "--profile", name, "--listen", f"127.0.0.1:{ports[name]}", "--speed", "1", *faults), logs))
         cfg = tmp / "stack.yaml"
         cfg.write_text(yaml.safe_dump({
             "listen": f"127.0.0.1:{ports['proxy']}",
@@ -72,10 +73,12 @@ def run_live_stack(tmp: Path) -> Iterator[LiveStack]:
         }, tmp / "prometheus")
         children.append(start_prometheus(prom_cfg, tmp / "prometheus" / "data", ports["prom"], logs))
         proxy_url = f"http://127.0.0.1:{ports['proxy']}"
+        wait_for_scrapes(f"http://127.0.0.1:{ports['prom']}", 3)
         start = time.time()
         plan = Plan([Stage("core", [
-            Cell("short-c2", input_tokens=64, output_tokens=16, requests=12, concurrency=2, rounds=2),
-            Cell("short-c8", input_tokens=256, output_tokens=32, requests=40, concurrency=8, rounds=2),
+            Cell("short-c2", input_tokens=64, output_tokens=32, requests=6, concurrency=2, rounds=1),
+            # rounds of 10-14 s each: longer than two scrape intervals, so scenario_info sees them
+            Cell("short-c8", input_tokens=256, output_tokens=128, requests=64, concurrency=8, rounds=2),
         ])])
         stack = LiveStack(f"http://127.0.0.1:{ports['prom']}", proxy_url, tmp / "records", start, start)
         for engine in ("sglang", "vllm"):
@@ -85,9 +88,7 @@ def run_live_stack(tmp: Path) -> Iterator[LiveStack]:
                 async with Driver(f"{proxy_url}/{e}", tmp / "load" / e, seed=3) as d:
                     return await d.run_plan(plan)
 
-            # keep each engine busy for a while so 1-minute rates have several scrapes
-            while time.time() - t0 < 15:
-                stack.summaries.append(asyncio.run(drive()))
+            stack.summaries.append(asyncio.run(drive()))
             stack.windows[engine] = (t0, time.time())
         time.sleep(12)  # two more scrapes and rule evaluations
         stack.end = time.time()

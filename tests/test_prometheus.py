@@ -113,8 +113,12 @@ def test_prometheus_counts_agree_with_records(live_stack) -> None:
 def test_scenario_windows_are_exported(live_stack) -> None:
     series = live_stack.query_range("llmbench_scenario_info")
     got = {(s["metric"]["engine"], s["metric"]["scenario"], s["metric"]["round"]) for s in series}
-    # rounds shorter than a scrape interval can fall between scrapes; the long ones cannot
-    assert {("vllm", "short-c8", "2"), ("sglang", "short-c8", "2")} <= got
+    events = [json.loads(x) for x in (live_stack.records / "scenarios.jsonl").read_text().splitlines()]
+    long_rounds = {(e["engines"][0], e["scenario"], str(e["round"])) for e, nxt in zip(events, events[1:])
+                   if e["scenario"] and nxt["unix"] - e["unix"] >= 10}  # two scrape intervals or more
+    assert {e for e, _, _ in long_rounds} == {"vllm", "sglang"}
+    # a round shorter than a scrape interval can fall between scrapes; the long ones cannot
+    assert long_rounds <= got
     assert {s for _, s, _ in got} <= {"short-c2", "short-c8", "warmup"}
 
 

@@ -208,7 +208,7 @@ async def test_unknown_scenarios_collapse_to_other(upstream, proxy_factory, tmp_
     text = await (await client.get("/metrics")).text()
     scenarios = {line.split('scenario="')[1].split('"')[0]
                  for line in text.splitlines() if line.startswith("llmbench_requests_total{")}
-    assert scenarios == {"other"}
+    assert scenarios == {"short-c1", "short-c32", "none", "other"}  # configured names, none, other: bounded
     assert metric_value(text, "llmbench_requests_total", scenario="other", outcome="success") == 20
 
 
