@@ -147,6 +147,9 @@ class _Exchange:
                 error, detail = "timeout", self._timeout_detail()
             except (aiohttp.ClientError, OSError) as exc:
                 error, detail = "upstream_disconnect", f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a bug of ours must not lose the request's record
+                log.exception("request %s failed inside the proxy", self.id)
+                error, detail = "upstream_disconnect", f"internal error: {type(exc).__name__}: {exc}"
             result = self._finish(meta, wall, error, detail)
         finally:
             gauge.dec()

@@ -1,0 +1,158 @@
+"""Proxy overhead, side by side in one run: direct to the upstream vs through the proxy.
+
+    python bench/proxy_overhead.py [--requests 200] [--chunks 64] [--interval-ms 5]
+
+Starts a paced SSE upstream (first event at once, then one event every ``--interval-ms``)
+and ``llm-bench-exporter serve`` in front of it, then, at concurrency 1 and 32, alternates
+batches sent directly and through the proxy, measuring each request's TTFT (first
+non-empty text, the project's own definition) on the client.  A saturated pass-through
+phase (no pacing) gives chunks per second both ways and the proxy's CPU time per chunk
+(from /proc).  Prints a table of p50/p99 TTFT, the added latency and the ratios.  Speed is
+measured here, never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from exporter.analysis import RequestSpec, StreamAnalyzer  # noqa: E402
+from exporter.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
+from exporter.stats import percentile  # noqa: E402
+
+
+def _event(i: int) -> bytes:
+    doc = {"id": "cmpl-bench", "object": "text_completion", "created": 1, "model": "m",
+           "choices": [{"index": 0, "text": f" tok{i}", "logprobs": None, "finish_reason": None, "stop_reason": None}]}
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+
+def upstream_app(chunks: int, interval_s: float) -> web.Application:
+    events = [_event(i) for i in range(chunks)]
+    usage = (b'data: {"id":"cmpl-bench","object":"text_completion","created":1,"model":"m","choices":[],'
+             b'"usage":{"prompt_tokens":8,"total_tokens":' + str(8 + chunks).encode() +
+             b',"completion_tokens":' + str(chunks).encode() + b"}}\n\ndata: [DONE]\n\n")
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        pace = float(request.headers.get("X-Pace", interval_s))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, ev in enumerate(events):
+            if i and pace:
+                await asyncio.sleep(pace)
+            await resp.write(ev)
+        await resp.write(usage)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handle)
+    app.router.add_get("/health", lambda r: asyncio.sleep(0, web.Response(text="")))
+    return app
+
+
+async def one(session: aiohttp.ClientSession, url: str, pace: float | None) -> tuple[float | None, int]:
+    headers = {"X-Pace": str(pace)} if pace is not None else {}
+    body = b'{"prompt":"x","max_tokens":64,"stream":true,"stream_options":{"include_usage":true}}'
+    t0 = time.monotonic()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json", **headers}) as r:
+        an = StreamAnalyzer(t0, r.status, RequestSpec(stream=True), streaming=True)
+        async for chunk in r.content.iter_any():
+            an.feed(chunk, time.monotonic())
+    res = an.finish(time.monotonic())
+    return res.ttft_s, res.events
+
+
+async def batch(session: aiohttp.ClientSession, url: str, n: int, conc: int, pace: float | None) -> list[tuple[float | None, int]]:
+    it = iter(range(n))
+    out: list[tuple[float | None, int]] = []
+
+    async def worker() -> None:
+        for _ in it:
+            out.append(await one(session, url, pace))
+
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(args: argparse.Namespace, direct: str, proxied: str, proxy_pid: int) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await batch(s, direct, 20, 4, None)
+        await batch(s, proxied, 20, 4, None)  # warm-up both paths
+        print(f"{'conc':>4} {'path':<7} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'added p50 ms':>13} {'added p99 ms':>13}")
+        for conc in (1, 32):
+            ttft: dict[str, list[float]] = {"direct": [], "proxy": []}
+            per = max(conc, args.requests // 10)
+            for _ in range(max(1, args.requests // per)):  # interleave so drift hits both alike
+                for name, url in (("direct", direct), ("proxy", proxied)):
+                    ttft[name] += [t for t, _ in await batch(s, url, per, conc, None) if t is not None]
+            d50, d99 = percentile(ttft["direct"], 50), percentile(ttft["direct"], 99)
+            p50, p99 = percentile(ttft["proxy"], 50), percentile(ttft["proxy"], 99)
+            assert d50 is not None and d99 is not None and p50 is not None and p99 is not None
+            print(f"{conc:>4} {'direct':<7} {d50 * 1e3:>12.3f} {d99 * 1e3:>12.3f}")
+            print(f"{conc:>4} {'proxy':<7} {p50 * 1e3:>12.3f} {p99 * 1e3:>12.3f} {(p50 - d50) * 1e3:>+13.3f} "
+                  f"{(p99 - d99) * 1e3:>+13.3f}")
+        # saturated pass-through: no pacing, 32 streams
+        rates = {}
+        for name, url in (("direct", direct), ("proxy", proxied)):
+            cpu0 = cpu_seconds(proxy_pid)
+            t0 = time.monotonic()
+            res = await batch(s, url, args.requests, 32, 0.0)
+            elapsed = time.monotonic() - t0
+            events = sum(e for _, e in res)
+            rates[name] = (events / elapsed, (cpu_seconds(proxy_pid) - cpu0) / max(1, events))
+        print(f"\nsaturated pass-through, 32 streams: direct {rates['direct'][0]:,.0f} events/s, "
+              f"proxy {rates['proxy'][0]:,.0f} events/s (ratio {rates['proxy'][0] / rates['direct'][0]:.2f}); "
+              f"proxy CPU {rates['proxy'][1] * 1e6:.1f} µs per event")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--chunks", type=int, default=64)
+    ap.add_argument("--interval-ms", type=float, default=5.0)
+    ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_upstream:
+        web.run_app(upstream_app(args.chunks, args.interval_ms / 1000), host="127.0.0.1",
+                    port=args.serve_upstream, print=None, access_log=None)
+        return 0
+    tmp = Path(tempfile.mkdtemp(prefix="llmbench-bench-"))
+    up_port, proxy_port = free_port(), free_port()
+    children = [Child("upstream", [sys.executable, __file__, "--serve-upstream", str(up_port), "--chunks",
+                                   str(args.chunks), "--interval-ms", str(args.interval_ms)], tmp)]
+    cfg = tmp / "bench.yaml"
+    cfg.write_text(f"listen: 127.0.0.1:{proxy_port}\nengines:\n  - name: up\n    upstream: http://127.0.0.1:{up_port}\n"
+                   f"records_dir: {tmp / 'records'}\ncapture_raw_sse: none\n")
+    children.append(Child("proxy", exporter_argv("serve", "--config", str(cfg)), tmp))
+    try:
+        wait_http(f"http://127.0.0.1:{up_port}/health", 30, children[0])
+        wait_http(f"http://127.0.0.1:{proxy_port}/-/ready", 30, children[1])
+        print(f"{args.chunks} events a stream, paced {args.interval_ms} ms; {args.requests} requests per cell\n")
+        asyncio.run(run(args, f"http://127.0.0.1:{up_port}/v1/completions",
+                        f"http://127.0.0.1:{proxy_port}/up/v1/completions", children[1].proc.pid))
+    finally:
+        for c in reversed(children):
+            c.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
