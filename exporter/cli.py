@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from collections.abc import Sequence
@@ -32,6 +33,15 @@ def _gpu(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (the ``fast`` extra): a cheaper hop per request and per read."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -51,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("proxy on http://%s:%d, engines: %s", host, port,
              ", ".join(f"{e.name} -> {e.base_url}" for e in config.engines))
     web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True,
-                print=None)
+                print=None, loop=_event_loop())
     return 0
 
 

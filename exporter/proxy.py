@@ -192,9 +192,12 @@ class _Exchange:
                 await self._write(resp.prepare(self.request))
                 capture = self.capture
                 idle = t.idle_s
+                armed = 0.0  # re-arm the idle deadline at most once a second: a timer per read is costly
                 async for chunk in upstream.content.iter_any():
                     now = time.monotonic()
-                    deadline.reschedule(min(loop.time() + idle, end))
+                    if now - armed >= 1.0:
+                        armed = now
+                        deadline.reschedule(min(loop.time() + idle, end))
                     await self._write(resp.write(chunk))
                     analyzer.feed(chunk, now)
                     if capture is not None:
