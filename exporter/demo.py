@@ -66,6 +66,25 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _evidence(prom_url: str, window: str, out: Path) -> Path | None:
+    """The evidence tool on the demo's own window, while Prometheus still runs."""
+    try:
+        from dashboards.export import ExportError, export
+        from dashboards.promapi import Prometheus, PromError
+        from dashboards.summarize import load_records, summarize, write_summary
+        from dashboards.windows import parse_window
+    except ImportError:
+        return None
+    prom = Prometheus(prom_url)
+    try:
+        export(prom, parse_window(window), out / "evidence", progress=False)
+        write_summary(summarize(load_records(out / "records"), prom), out / "summary")
+    except (ExportError, PromError, OSError, ValueError) as exc:
+        _say(f"evidence export failed: {exc}")
+        return None
+    return out / "evidence"
+
+
 def run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the stack as cleanly as Ctrl-C
     out = Path(args.out).resolve()
@@ -136,14 +155,18 @@ def run_demo(args: argparse.Namespace) -> int:
         (out / "rounds.txt").write_text(table + "\n", encoding="utf-8")
         boards = _write_dashboards(out)
         window = f"{int(started)},{int(ended + args.settle)}"
+        evidence = _evidence(prom_url, window, out) if prom_url else None
         _say("\n" + table + "\n")
         _say(f"records:    {out / 'records' / 'requests.jsonl'} (raw SSE of failures in {out / 'records' / 'captures'})")
         _say(f"tables:     {out / 'load'}/<engine>/rounds.csv, summary.json; {out / 'rounds.txt'}")
         if boards:
             _say(f"dashboards: {boards} (import into Grafana, or use compose/)")
         _say(f"logs:       {logs}")
-        if prom_url:
-            _say(f"evidence:   evidence export --prometheus {prom_url} --window {window} --out {out / 'evidence'}")
+        if evidence:
+            _say(f"evidence:   {evidence}/EVIDENCE.md (PNG boards, CSV/JSON per panel, manifest.json); "
+                 f"round tables with histogram-vs-exact P95 in {out / 'summary'}")
+        if prom_url and args.keep_running:
+            _say(f"again:      evidence export --prometheus {prom_url} --window {window} --out DIR")
         if args.keep_running:
             _say("stack left running; Ctrl-C stops it")
             while all(c.proc.poll() is None for c in children):

@@ -59,6 +59,8 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
             len((out / "load" / e / "requests.jsonl").read_text().splitlines()) for e in ("sglang", "vllm"))
         boards = sorted(p.name for p in (out / "dashboards").glob("*.json"))
         assert boards, "the demo writes the dashboards"
+        assert (out / "evidence" / "EVIDENCE.md").exists() and (out / "evidence" / "comparison.png").exists()
+        assert (out / "summary" / "summary.md").exists()
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)

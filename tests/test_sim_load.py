@@ -138,3 +138,15 @@ def test_plan_errors(tmp_path: Path) -> None:
     bad.write_text("- 1\n")
     with pytest.raises(ValueError, match="stages"):
         load_plan(bad)
+
+
+def test_example_plans_load() -> None:
+    root = Path(__file__).resolve().parent.parent / "examples" / "plans"
+    seed = load_plan(root / "seed.yaml")
+    core, sweep = seed.stages
+    assert len(core.cells) == 12 and all(c.rounds == 3 and c.warmup == 2 for c in core.cells)
+    assert {(c.input_tokens, c.output_tokens) for c in core.cells} == {(1024, 128), (8192, 128), (1024, 512), (24576, 128)}
+    assert {c.concurrency: c.requests for c in core.cells} == {1: 8, 8: 16, 32: 64}
+    assert [c.rate for c in sweep.cells] == [0.3, 0.48, 0.66] and sweep.stop_after_failed_rounds == 3
+    assert all(c.requests == 200 and c.rounds == 3 for c in sweep.cells)
+    assert load_plan(root / "demo.yaml").stages
