@@ -80,8 +80,9 @@ def _compare(prom: Prometheus, groups: dict[tuple[str, str, Any], list[dict[str,
         row: dict[str, Any] = {"engine": engine, "scenario": scenario, "window_start": start, "window_end": end}
         for key, (metric, field) in HISTOGRAMS.items():
             exact = percentile([r[field] for r in ok if r.get(field) is not None], 95)
-            expr = (f'histogram_quantile(0.95, sum by (le) (increase({metric}_bucket'
-                    f'{{engine="{engine}", scenario="{scenario}"}}[{max(1, round(end - start))}s])))')
+            sel = f'{metric}_bucket{{engine="{engine}", scenario="{scenario}"}}[{max(1, round(end - start))}s]'
+            # exact bucket counts in the window (max - min), not increase()'s extrapolation
+            expr = f"histogram_quantile(0.95, sum by (le) (max_over_time({sel}) - min_over_time({sel})))"
             result = prom.query(expr, at=end)
             est = float(result[0]["value"][1]) if result else None
             if est is not None and est != est:  # NaN

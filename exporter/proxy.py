@@ -59,7 +59,8 @@ class ProxyState:
         self.session: aiohttp.ClientSession | None = None
         self.in_flight = 0  # all engines together; the simulated GPUs follow it
         for e in config.engines:
-            self.metrics.initialise(e.name, [*config.scenarios, "none", "other"])
+            self.metrics.initialise(e.name, [*config.scenarios, "none", "other"],
+                                    timed=frozenset([*config.scenarios, "none"]))
 
     def close(self) -> None:
         self.requests_log.close()
@@ -318,7 +319,9 @@ async def _scenario_handler(request: web.Request) -> web.Response:
 
 
 async def _metrics_handler(request: web.Request) -> web.Response:
-    data = generate_latest(request.app[STATE].registry)
+    # Rendering thousands of series takes tens of milliseconds: never on the event loop
+    # that is timing streams.
+    data = await asyncio.to_thread(generate_latest, request.app[STATE].registry)
     return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
