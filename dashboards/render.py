@@ -10,7 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.dates import DateFormatter  # noqa: E402
+from matplotlib.dates import DateFormatter, date2num  # noqa: E402
 
 from .boards import layout  # noqa: E402
 from .catalogue import ENGINE_COLORS, Board  # noqa: E402
@@ -32,13 +32,19 @@ def png_size(board: Board) -> tuple[int, int]:
     return WIDTH_PX, HEADER_PX + rows * PX_PER_ROW
 
 
-def _rect(pos: Any, w: int, h: int) -> list[float]:
+def _rect(pos: Any, w: int, h: int) -> tuple[float, float, float, float]:
     """Axes rectangle (figure fractions) inside a grid cell, leaving room for title and ticks."""
     left_px = 20 + pos.x / 24 * (w - 40) + 45
     width_px = pos.w / 24 * (w - 40) - 60
     top_px = HEADER_PX + pos.y * PX_PER_ROW + 24
     height_px = pos.h * PX_PER_ROW - 24 - 30
-    return [left_px / w, 1 - (top_px + height_px) / h, width_px / w, height_px / h]
+    return (left_px / w, 1 - (top_px + height_px) / h, width_px / w, height_px / h)
+
+
+def _num(ts: float) -> float:
+    import datetime as dt
+
+    return float(date2num(dt.datetime.fromtimestamp(ts, dt.timezone.utc)))
 
 
 def _color(name: str) -> str | None:
@@ -82,11 +88,11 @@ def render_board(board: Board, data: dict[str, list[dict[str, Any]]], window: tu
         ax.set_facecolor("white")
         ax.grid(True, color="#e5e5e5", linewidth=0.6)
         for s in series:
-            times = [dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in s["times"]]
+            times = [_num(t) for t in s["times"]]
             ax.plot(times, [v * scale for v in s["values"]], label=s["name"], color=_color(s["name"]), linewidth=1.6)
         for threshold in panel.thresholds:
             ax.axhline(threshold * scale, color="#d62728", linestyle="--", linewidth=0.9)
-        ax.set_xlim(dt.datetime.fromtimestamp(start, dt.timezone.utc), dt.datetime.fromtimestamp(end, dt.timezone.utc))
+        ax.set_xlim(_num(start), _num(end))
         ax.xaxis.set_major_formatter(DateFormatter("%H:%M:%S", tz=dt.timezone.utc))
         ax.tick_params(labelsize=8)
         if series:

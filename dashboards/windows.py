@@ -90,13 +90,13 @@ def _from_records(records: Path, name: str, rnd: str | None) -> tuple[float, flo
         t = float(ev["unix"])
         ours = ev.get("scenario") == name and (rnd is None or str(ev.get("round")) == rnd)
         for engine in ev.get("engines", []):
-            since = open_at.pop(engine, None)
-            if since is not None and since[1]:
-                spans.append((since[0], t))
+            previous = open_at.pop(engine, None)
+            if previous is not None and previous[1]:
+                spans.append((previous[0], t))
             open_at[engine] = (t, ours)
-    for since, ours in open_at.values():
-        if ours:
-            spans.append((since, time.time()))
+    for opened, still_ours in open_at.values():
+        if still_ours:
+            spans.append((opened, time.time()))
     if not spans:
         raise WindowError(f"unknown scenario {name}{'#' + rnd if rnd else ''}: not in {path}")
     return min(s for s, _ in spans), max(e for _, e in spans)

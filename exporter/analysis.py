@@ -336,7 +336,7 @@ class StreamAnalyzer:
 def analyze_bytes(
     chunks: list[tuple[float, bytes]],
     *,
-    status: int = 200,
+    status: int | None = 200,
     spec: RequestSpec | None = None,
     streaming: bool = True,
     end: float | None = None,

@@ -24,6 +24,7 @@ in ``llmbench_gpu_collector_errors_total``; the others still report.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import math
 import random
@@ -72,9 +73,8 @@ class Source(Protocol):
 class NvmlSource:
     """Reads every GPU through nvidia-ml-py (``import pynvml``)."""
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
-        if nvml is None:
-            import pynvml as nvml  # noqa: PLC0415 - optional dependency
+    def __init__(self, module: ModuleType | None = None) -> None:
+        nvml = module if module is not None else importlib.import_module("pynvml")  # optional extra
         self.nvml = nvml
         nvml.nvmlInit()
         self.host = socket.gethostname()

@@ -98,6 +98,7 @@ class _EngineMetrics:
 
     def __init__(self, profile: str, model: str, registry: CollectorRegistry) -> None:
         self.profile = profile
+        self.queue_time: Histogram | None
         if profile == "vllm":
             labels: tuple[str, ...] = ("model_name", "engine")
             self._lv: tuple[str, ...] = (model, "0")
