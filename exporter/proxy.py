@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from yarl import URL
 
 from .analysis import RequestSpec, Result, StreamAnalyzer
 from .config import Config, Engine
@@ -57,6 +58,8 @@ class ProxyState:
             config.scenarios, [e.name for e in config.engines], self.metrics, self.scenario_log
         )
         self.session: aiohttp.ClientSession | None = None
+        # upstream URLs parsed once, not per request
+        self.urls = {(e.name, p): URL(f"{e.base_url}/{p}") for e in config.engines for p in MEASURED.values()}
         self.in_flight = 0  # all engines together; the simulated GPUs follow it
         for e in config.engines:
             self.metrics.initialise(e.name, [*config.scenarios, "none", "other"],
@@ -97,7 +100,7 @@ class _Exchange:
         self.state = state
         self.request = request
         self.engine = engine
-        self.url = f"{engine.base_url}/{path}"
+        self.url = state.urls[(engine.name, path)]
         self.path = path
         self.id = uuid.uuid4().hex
         self.response: web.StreamResponse | None = None
@@ -199,7 +202,10 @@ class _Exchange:
                     if now - armed >= 1.0:
                         armed = now
                         deadline.reschedule(min(loop.time() + idle, end))
-                    await self._write(resp.write(chunk))
+                    try:
+                        await resp.write(chunk)
+                    except (ConnectionError, RuntimeError) as exc:
+                        raise _ClientGone() from exc
                     analyzer.feed(chunk, now)
                     if capture is not None:
                         capture.add(chunk, now - t0)
