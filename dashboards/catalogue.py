@@ -170,7 +170,8 @@ INTERNALS = Board(
             Query("sum(vllm:num_requests_waiting)", "vllm waiting", "A"),
             Query("sum(sglang:num_queue_reqs)", "sglang waiting", "B"))),
         Panel("engine_kv_cache", "KV-cache usage", "percentunit", queries=(
-            Query("max(vllm:kv_cache_usage_perc)", "vllm kv cache", "A"),
+            # vLLM before the v1 metrics rename spells it gpu_cache_usage_perc
+            Query("max(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)", "vllm kv cache", "A"),
             Query("max(sglang:token_usage)", "sglang token usage", "B"))),
         Panel("engine_ttft_vs_proxy", "TTFT P95: engine-side vs proxy, and queue time", "s", queries=(
             Query(f"histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[{W}])))",
