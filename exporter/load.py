@@ -337,7 +337,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
 
     async def go() -> dict[str, Any]:
-        async with Driver(args.base_url, out, model=args.model or plan.model, seed=args.seed) as d:
+        async with Driver(args.base_url, out, model=args.model or plan.model, seed=args.seed, label=args.label) as d:
             return await d.run_plan(plan)
 
     summary = asyncio.run(go())
@@ -372,5 +372,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stop-after-failed-rounds", type=int)
     p.add_argument("--model", help="model name (default: the first of /v1/models)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--label", help="engine name in the tables (default: the base URL's last path part, else host:port)")
     p.add_argument("--out", help="directory for requests.jsonl, rounds.csv, summary.json")
     p.set_defaults(func=cmd_load, concurrency=None)

@@ -132,7 +132,10 @@ def test_compose_with_docker_compose_schema() -> None:
 def test_compose_structure() -> None:
     doc = _compose()
     services = doc["services"]
-    assert {"prometheus", "grafana", "exporter", "vllm", "sglang", "dcgm-exporter", "renderer"} <= set(services)
+    assert {"prometheus", "grafana", "exporter", "vllm", "sglang", "loadgen", "dcgm-exporter", "renderer"} <= set(services)
+    # the load generator's plan is in the image (the Dockerfile copies examples/)
+    assert "/app/examples/plans/demo.yaml" in services["loadgen"]["command"][0]
+    assert (ROOT / "examples/plans/demo.yaml").exists() and "COPY examples" in (COMPOSE / "Dockerfile").read_text()
     assert services["dcgm-exporter"]["profiles"] == ["gpu"] and services["renderer"]["profiles"] == ["render"]
     for name, svc in services.items():
         image = svc["image"]

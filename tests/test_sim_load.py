@@ -150,3 +150,29 @@ def test_example_plans_load() -> None:
     assert [c.rate for c in sweep.cells] == [0.3, 0.48, 0.66] and sweep.stop_after_failed_rounds == 3
     assert all(c.requests == 200 and c.rounds == 3 for c in sweep.cells)
     assert load_plan(root / "demo.yaml").stages
+
+
+async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
+    import asyncio
+    import sys
+
+    sim = await aiohttp_server(create_sim_app(build_params("sglang", speed=50.0)))
+
+    async def cli(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "exporter.cli", "load", "--base-url", f"http://127.0.0.1:{sim.port}", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+        return proc.returncode or 0, out.decode()
+
+    rc, out = await cli("--scenario", "short-c2", "--concurrency", "2", "--requests", "6", "--rounds", "2",
+                        "--input-tokens", "8", "--output-tokens", "4", "--chat", "--out", str(tmp_path / "o"),
+                        "--label", "sglang")
+    assert rc == 0, out
+    assert "success 12/12" in out
+    rows = (tmp_path / "o" / "rounds.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[1].startswith("sglang,adhoc,short-c2,1,6,6,0,")
+    rc, out = await cli("--rate", "5", "--requests", "3", "--input-tokens", "8", "--output-tokens", "4")
+    assert rc == 0 and "success 3/3" in out, out
+    rc, out = await cli("--concurrency", "2", "--input-tokens", "8")
+    assert rc == 2 and "--requests" in out and "Traceback" not in out
