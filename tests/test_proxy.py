@@ -256,3 +256,30 @@ async def test_health_ready_and_large_body(upstream, proxy_factory, tmp_path: Pa
     assert resp.status == 200
     await resp.read()
     assert len(up.seen[0]["body"]) > 3 << 20
+
+
+async def test_client_abort_during_prefill(upstream, proxy_factory, tmp_path: Path) -> None:
+    """The client gives up before the first byte: counted at once, the upstream request cancelled."""
+    up, server = upstream
+    cancelled = asyncio.Event()
+
+    async def long_prefill(request: web.Request) -> web.StreamResponse:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return await up.ok(request)
+
+    up.handler = long_prefill
+    client = await proxy_factory(server.port)
+    with pytest.raises(asyncio.TimeoutError):
+        await client.post("/vllm/v1/completions", json=REQ, timeout=aiohttp.ClientTimeout(total=0.3))
+    await asyncio.wait_for(cancelled.wait(), 5)
+    for _ in range(100):
+        if read_records(tmp_path):
+            break
+        await asyncio.sleep(0.02)
+    rec, = read_records(tmp_path)
+    assert (rec["outcome"], rec["reason"], rec["status"]) == ("client_abort", "client_abort", None)
+    assert rec["e2e_s"] < 5
