@@ -92,6 +92,16 @@ def read_records(tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+async def wait_for_records(tmp_path: Path, n: int, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """The records once there are ``n`` (an aborted request is recorded after the client left)."""
+    for _ in range(int(timeout_s / 0.02)):
+        records = read_records(tmp_path)
+        if len(records) >= n:
+            return records
+        await asyncio.sleep(0.02)
+    return read_records(tmp_path)
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The sum of the samples that match ``labels`` in Prometheus text format (0 when none)."""
     from prometheus_client.parser import text_string_to_metric_families

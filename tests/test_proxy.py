@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from .conftest import OK_BODY, OK_EVENTS, metric_value, read_records, stream_events
+from .conftest import OK_BODY, OK_EVENTS, metric_value, read_records, stream_events, wait_for_records
 from .transcripts import sse
 
 REQ = {"model": "m", "prompt": "hi", "max_tokens": 2, "ignore_eos": True, "stream": True,
@@ -58,11 +58,7 @@ async def test_client_abort_cancels_upstream(upstream, proxy_factory, tmp_path: 
     await resp.content.readany()
     resp.close()  # the client goes away mid-stream
     await asyncio.wait_for(upstream_cancelled.wait(), 5)
-    for _ in range(100):
-        if read_records(tmp_path):
-            break
-        await asyncio.sleep(0.02)
-    rec, = read_records(tmp_path)
+    rec, = await wait_for_records(tmp_path, 1)
     assert (rec["outcome"], rec["reason"]) == ("client_abort", "client_abort")
     text = await (await client.get("/metrics")).text()
     assert metric_value(text, "llmbench_requests_total", outcome="client_abort", engine="vllm") == 1
@@ -276,10 +272,6 @@ async def test_client_abort_during_prefill(upstream, proxy_factory, tmp_path: Pa
     with pytest.raises(asyncio.TimeoutError):
         await client.post("/vllm/v1/completions", json=REQ, timeout=aiohttp.ClientTimeout(total=0.3))
     await asyncio.wait_for(cancelled.wait(), 5)
-    for _ in range(100):
-        if read_records(tmp_path):
-            break
-        await asyncio.sleep(0.02)
-    rec, = read_records(tmp_path)
+    rec, = await wait_for_records(tmp_path, 1)
     assert (rec["outcome"], rec["reason"], rec["status"]) == ("client_abort", "client_abort", None)
     assert rec["e2e_s"] < 5
