@@ -59,7 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"llm-bench-exporter: records_dir {config.records_dir}: {exc}", file=sys.stderr)
         return 2
     log.info("proxy on http://%s:%d, engines: %s", host, port,
-             ", ".join(f"{e.name} -> {e.base_url}" for e in config.engines))
+             ", ".join(f"{e.name} -> {e.display_url}" for e in config.engines))
     web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True,
                 print=None, loop=_event_loop())
     return 0

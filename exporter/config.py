@@ -58,6 +58,13 @@ class Engine(_Model):
     def base_url(self) -> str:
         return str(self.upstream).rstrip("/")
 
+    @property
+    def display_url(self) -> str:
+        """The upstream without any user:password part, for logs and messages."""
+        u = self.upstream
+        port = f":{u.port}" if u.port is not None else ""
+        return f"{u.scheme}://{u.host}{port}{(u.path or '').rstrip('/')}"
+
 
 class Timeouts(_Model):
     """Seconds.  Defaults allow a minutes-long prefill under load (the seed saw a 155 s TTFT)."""

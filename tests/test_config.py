@@ -65,3 +65,9 @@ def test_serve_refuses_invalid_file_with_status_2(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "exporter.cli", "serve", "--config", str(tmp_path / "none.yaml")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "cannot read" in proc.stderr
+
+
+def test_credentials_in_upstream_are_not_displayed() -> None:
+    cfg = validate({"engines": [{"name": "a", "upstream": "http://user:s3cret@10.0.0.1:8000/"}]})
+    assert cfg.engines[0].display_url == "http://10.0.0.1:8000"
+    assert "s3cret" in cfg.engines[0].base_url  # still used for the upstream itself
