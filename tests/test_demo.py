@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -69,3 +70,19 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     # every child is gone: nothing listens on the Prometheus port any more
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{prom}/-/ready", timeout=2)
+
+
+def test_demo_without_prometheus_says_how_to_get_it(tmp_path: Path) -> None:
+    plan = tmp_path / "tiny.yaml"
+    plan.write_text("stages:\n  - name: core\n    cells:\n"
+                    "      - {scenario: short-c2, input_tokens: 16, output_tokens: 8, concurrency: 2, requests: 4}\n")
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", "demo", "--out", str(out), "--plan", str(plan), "--speed", "20",
+         "--settle", "0"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PATH": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no `prometheus` binary on PATH" in proc.stdout and "apt-get install" in proc.stdout
+    assert "sglang   short-c2" in proc.stdout and (out / "rounds.txt").exists()
+    assert (out / "prometheus" / "prometheus.yml").exists()  # ready for a Prometheus started later
