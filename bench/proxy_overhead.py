@@ -1,4 +1,5 @@
-"""Proxy overhead, side by side in one run: direct to the upstream vs through the proxy.
+"""Proxy overhead, side by side in one run: direct to the upstream, through the proxy, and
+through nginx (the reference of SPEC section 9) when it is installed.
 
     python bench/proxy_overhead.py [--requests 200] [--chunks 64] [--interval-ms 5]
 
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -92,35 +94,72 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run(args: argparse.Namespace, direct: str, proxied: str, proxy_pid: int) -> None:
+async def run(args: argparse.Namespace, paths: dict[str, str], pids: dict[str, int]) -> None:
+    """``paths``: name -> URL, "direct" first; ``pids``: name -> process whose CPU to count."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        await batch(s, direct, 20, 4, None)
-        await batch(s, proxied, 20, 4, None)  # warm-up both paths
+        for url in paths.values():
+            await batch(s, url, 20, 4, None)  # warm-up every path
         print(f"{'conc':>4} {'path':<7} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'added p50 ms':>13} {'added p99 ms':>13}")
         for conc in (1, 32):
-            ttft: dict[str, list[float]] = {"direct": [], "proxy": []}
+            ttft: dict[str, list[float]] = {name: [] for name in paths}
             per = max(conc, args.requests // 10)
-            for _ in range(max(1, args.requests // per)):  # interleave so drift hits both alike
-                for name, url in (("direct", direct), ("proxy", proxied)):
+            for _ in range(max(1, args.requests // per)):  # interleave so drift hits every path alike
+                for name, url in paths.items():
                     ttft[name] += [t for t, _ in await batch(s, url, per, conc, None) if t is not None]
             d50, d99 = percentile(ttft["direct"], 50), percentile(ttft["direct"], 99)
-            p50, p99 = percentile(ttft["proxy"], 50), percentile(ttft["proxy"], 99)
-            assert d50 is not None and d99 is not None and p50 is not None and p99 is not None
-            print(f"{conc:>4} {'direct':<7} {d50 * 1e3:>12.3f} {d99 * 1e3:>12.3f}")
-            print(f"{conc:>4} {'proxy':<7} {p50 * 1e3:>12.3f} {p99 * 1e3:>12.3f} {(p50 - d50) * 1e3:>+13.3f} "
-                  f"{(p99 - d99) * 1e3:>+13.3f}")
+            assert d50 is not None and d99 is not None
+            for name in paths:
+                p50, p99 = percentile(ttft[name], 50), percentile(ttft[name], 99)
+                assert p50 is not None and p99 is not None
+                added = "" if name == "direct" else f" {(p50 - d50) * 1e3:>+13.3f} {(p99 - d99) * 1e3:>+13.3f}"
+                print(f"{conc:>4} {name:<7} {p50 * 1e3:>12.3f} {p99 * 1e3:>12.3f}{added}")
         # saturated pass-through: no pacing, 32 streams
-        rates = {}
-        for name, url in (("direct", direct), ("proxy", proxied)):
-            cpu0 = cpu_seconds(proxy_pid)
+        rates: dict[str, tuple[float, float | None]] = {}
+        for name, url in paths.items():
+            pid = pids.get(name)
+            cpu0 = cpu_seconds(pid) if pid else 0.0
             t0 = time.monotonic()
             res = await batch(s, url, args.requests, 32, 0.0)
             elapsed = time.monotonic() - t0
             events = sum(e for _, e in res)
-            rates[name] = (events / elapsed, (cpu_seconds(proxy_pid) - cpu0) / max(1, events))
-        print(f"\nsaturated pass-through, 32 streams: direct {rates['direct'][0]:,.0f} events/s, "
-              f"proxy {rates['proxy'][0]:,.0f} events/s (ratio {rates['proxy'][0] / rates['direct'][0]:.2f}); "
-              f"proxy CPU {rates['proxy'][1] * 1e6:.1f} µs per event")
+            rates[name] = (events / elapsed, (cpu_seconds(pid) - cpu0) / max(1, events) if pid else None)
+        print("\nsaturated pass-through, 32 streams:")
+        for name, (rate, cpu) in rates.items():
+            extra = "" if cpu is None else f", {cpu * 1e6:.1f} µs CPU per event"
+            print(f"  {name:<7} {rate:>10,.0f} events/s (x{rate / rates['direct'][0]:.2f} of direct){extra}")
+        if "nginx" in rates:
+            (pr, pc), (nr, nc) = rates["proxy"], rates["nginx"]
+            assert pc is not None and nc is not None
+            print(f"  proxy vs nginx: {pr / nr:.2f}x the events/s, {pc / nc:.1f}x the CPU per event")
+
+
+NGINX_CONF = """
+worker_processes 1;
+master_process off;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/nginx-body;
+  proxy_temp_path {tmp}/nginx-proxy;
+  fastcgi_temp_path {tmp}/nginx-fastcgi;
+  uwsgi_temp_path {tmp}/nginx-uwsgi;
+  scgi_temp_path {tmp}/nginx-scgi;
+  upstream up {{ server 127.0.0.1:{up_port}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location /up/ {{
+      proxy_pass http://up/;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }}
+  }}
+}}
+"""
 
 
 def main() -> int:
@@ -128,6 +167,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--chunks", type=int, default=64)
     ap.add_argument("--interval-ms", type=float, default=5.0)
+    ap.add_argument("--no-nginx", action="store_true", help="leave nginx out even when installed")
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_upstream:
@@ -142,12 +182,24 @@ def main() -> int:
     cfg.write_text(f"listen: 127.0.0.1:{proxy_port}\nengines:\n  - name: up\n    upstream: http://127.0.0.1:{up_port}\n"
                    f"records_dir: {tmp / 'records'}\ncapture_raw_sse: none\n")
     children.append(Child("proxy", exporter_argv("serve", "--config", str(cfg)), tmp))
+    paths = {"direct": f"http://127.0.0.1:{up_port}/v1/completions",
+             "proxy": f"http://127.0.0.1:{proxy_port}/up/v1/completions"}
+    nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+    if nginx and not args.no_nginx:
+        nginx_port = free_port()
+        (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, up_port=up_port, port=nginx_port))
+        children.append(Child("nginx", [nginx, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)], tmp))
+        paths["nginx"] = f"http://127.0.0.1:{nginx_port}/up/v1/completions"
     try:
         wait_http(f"http://127.0.0.1:{up_port}/health", 30, children[0])
         wait_http(f"http://127.0.0.1:{proxy_port}/-/ready", 30, children[1])
+        if "nginx" in paths:
+            wait_http(paths["nginx"].replace("/v1/completions", "/health"), 30, children[2])
+        else:
+            print("nginx not found (apt-get install nginx-light): no reference proxy in this run")
         print(f"{args.chunks} events a stream, paced {args.interval_ms} ms; {args.requests} requests per cell\n")
-        asyncio.run(run(args, f"http://127.0.0.1:{up_port}/v1/completions",
-                        f"http://127.0.0.1:{proxy_port}/up/v1/completions", children[1].proc.pid))
+        pids = {name: c.proc.pid for name, c in (("proxy", children[1]), ("nginx", children[-1])) if name in paths}
+        asyncio.run(run(args, paths, pids))
     finally:
         for c in reversed(children):
             c.stop()
