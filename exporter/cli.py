@@ -60,8 +60,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     log.info("proxy on http://%s:%d, engines: %s", host, port,
              ", ".join(f"{e.name} -> {e.display_url}" for e in config.engines))
-    web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True,
-                print=None, loop=_event_loop())
+    try:
+        web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True,
+                    print=None, loop=_event_loop())
+    except OSError as exc:
+        print(f"llm-bench-exporter: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 

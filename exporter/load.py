@@ -352,6 +352,10 @@ def cmd_load(args: argparse.Namespace) -> int:
         print(f"stage {stop['stage']} stopped after {stop['after']}: {stop['reason']}")
     if out is not None:
         print(f"tables in {out}/rounds.csv and {out}/summary.json")
+    sent = sum(c["median"]["requests"] for c in summary["cells"])
+    if sent and not sum(c["median"]["success"] for c in summary["cells"]):
+        print("llm-bench-exporter load: no request succeeded", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -71,3 +71,19 @@ def test_credentials_in_upstream_are_not_displayed() -> None:
     cfg = validate({"engines": [{"name": "a", "upstream": "http://user:s3cret@10.0.0.1:8000/"}]})
     assert cfg.engines[0].display_url == "http://10.0.0.1:8000"
     assert "s3cret" in cfg.engines[0].base_url  # still used for the upstream itself
+
+
+def test_serve_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"listen: 127.0.0.1:{port}\nrecords_dir: {tmp_path / 'run'}\n"
+                       "engines:\n  - {name: vllm, upstream: 'http://127.0.0.1:1'}\n")
+        proc = subprocess.run([sys.executable, "-m", "exporter.cli", "serve", "--config", str(cfg)],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -176,3 +176,6 @@ async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
     assert rc == 0 and "success 3/3" in out, out
     rc, out = await cli("--concurrency", "2", "--input-tokens", "8")
     assert rc == 2 and "--requests" in out and "Traceback" not in out
+    rc, out = await cli("--concurrency", "1", "--requests", "2", "--input-tokens", "8", "--output-tokens", "4",
+                        "--model", "m", "--base-url", "http://127.0.0.1:9")  # nothing listens there
+    assert rc == 1 and "no request succeeded" in out
