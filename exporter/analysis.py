@@ -9,9 +9,32 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from types import ModuleType
 from typing import Any
 
 from .sse import SSEParser
+
+_orjson: ModuleType | None
+try:  # the ``fast`` extra: about 5x quicker per event than the standard library
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the install
+    _orjson = None
+
+
+def _std_loads(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8"))
+
+
+def loads(data: bytes) -> Any:
+    """Parse one event's JSON.  orjson when installed; what it refuses (NaN, Infinity,
+    integers over 64 bits) goes to the standard library, so the verdict never depends on
+    which parser is installed.  Raises ValueError (or UnicodeDecodeError) when invalid."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(data)
+        except _orjson.JSONDecodeError:
+            pass
+    return _std_loads(data)
 
 __all__ = [
     "REASONS",
@@ -308,7 +331,7 @@ class StreamAnalyzer:
 
     def _on_document(self, data: bytes, now: float) -> None:
         try:
-            obj = json.loads(data)
+            obj = loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             if self.malformed is None:
                 self.malformed = f"unparseable event JSON: {exc}"[:200]

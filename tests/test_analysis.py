@@ -116,3 +116,25 @@ def test_every_single_byte_boundary(case: Case) -> None:
     """Byte-by-byte feeding: splits inside CRLF, UTF-8 characters and 'data:' alike."""
     r = _judge(case, list(range(1, len(case.body))))
     assert r.reason == case.reason
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_same_verdict_without_orjson(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The standard-library parser and orjson (the ``fast`` extra) judge alike."""
+    import exporter.analysis as core
+
+    with_fast = _judge(case)
+    monkeypatch.setattr(core, "_orjson", None)
+    plain = _judge(case)
+    assert (plain.reason, plain.completion_tokens, plain.visible_chars) == (
+        with_fast.reason, with_fast.completion_tokens, with_fast.visible_chars)
+
+
+def test_loads_falls_back_for_what_orjson_refuses() -> None:
+    from exporter.analysis import loads
+
+    assert loads(b'{"logprob": -Infinity, "n": 123456789012345678901234567890}')["n"] == 123456789012345678901234567890
+    with pytest.raises(ValueError):
+        loads(b"{broken")
+    with pytest.raises(ValueError):  # UnicodeDecodeError is a ValueError
+        loads(b'{"text": "\xff"}')  # not UTF-8
