@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 __all__ = ["SSEEvent", "SSEParser"]
 
+_BOM = b"\xef\xbb\xbf"
+
 
 class SSEEvent(NamedTuple):
     """One dispatched event: the ``event:`` name (or None) and the joined ``data`` bytes."""
@@ -27,13 +29,14 @@ class SSEEvent(NamedTuple):
 class SSEParser:
     """Feed bytes with :meth:`feed`, collect events; call :meth:`close` at end of stream."""
 
-    __slots__ = ("_buf", "_data", "_name", "_skip_lf", "max_line_bytes", "overflow")
+    __slots__ = ("_buf", "_data", "_name", "_skip_lf", "_start", "max_line_bytes", "overflow")
 
     def __init__(self, max_line_bytes: int = 16 << 20) -> None:
         self._buf = bytearray()
         self._data: list[bytes] = []
         self._name: str | None = None
         self._skip_lf = False
+        self._start: bytes | None = b""  # the stream's first bytes, until a UTF-8 BOM can be ruled out
         self.max_line_bytes = max_line_bytes
         self.overflow = False
 
@@ -41,6 +44,15 @@ class SSEParser:
         """Consume one read; return the events it completed (possibly none)."""
         if self.overflow or not chunk:
             return []
+        if self._start is not None:  # a leading U+FEFF is not part of the stream (SSE spec)
+            head = self._start + chunk
+            if len(head) < 3 and _BOM.startswith(head):
+                self._start = head
+                return []
+            self._start = None
+            chunk = head[3:] if head.startswith(_BOM) else head
+            if not chunk:
+                return []
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
@@ -80,6 +92,9 @@ class SSEParser:
         events: list[SSEEvent] = []
         if self.overflow:
             return events
+        if self._start:  # fewer than three bytes arrived, all a prefix of the BOM
+            self._buf += self._start
+            self._start = None
         if self._buf:
             line = bytes(self._buf)
             self._buf.clear()

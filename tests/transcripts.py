@@ -117,6 +117,9 @@ CASES: list[Case] = [
     Case("utf8_text_and_done_without_blank_line",
          "data: {\"choices\":[{\"text\":\"数据\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\ndata: [DONE]\n".encode(),
          None, 2),
+    Case("utf8_bom_at_stream_start",
+         b"\xef\xbb\xbf" + sse('{"choices":[{"text":"x"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}', "[DONE]"),
+         None, 1),
     Case("http_500", b'{"object":"error","message":"boom"}', "http_status", status=500, streaming=False),
     Case("non_streaming_ok",
          b'{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hello"}],'
