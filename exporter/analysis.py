@@ -14,15 +14,22 @@ from typing import Any
 
 from .sse import SSEParser
 
+__all__ = [
+    "REASONS",
+    "TRANSPORT_REASONS",
+    "RequestSpec",
+    "Result",
+    "StreamAnalyzer",
+    "visible_chars",
+    "analyze_bytes",
+    "loads",
+]
+
 _orjson: ModuleType | None
 try:  # the ``fast`` extra: about 5x quicker per event than the standard library
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the install
     _orjson = None
-
-
-def _std_loads(data: bytes) -> Any:
-    return json.loads(data.decode("utf-8"))
 
 
 def loads(data: bytes) -> Any:
@@ -34,17 +41,8 @@ def loads(data: bytes) -> Any:
             return _orjson.loads(data)
         except _orjson.JSONDecodeError:
             pass
-    return _std_loads(data)
+    return json.loads(data.decode("utf-8"))
 
-__all__ = [
-    "REASONS",
-    "TRANSPORT_REASONS",
-    "RequestSpec",
-    "Result",
-    "StreamAnalyzer",
-    "visible_chars",
-    "analyze_bytes",
-]
 
 #: Failure reasons in order of precedence (SPEC section 4): the first that applies wins.
 REASONS: tuple[str, ...] = (
