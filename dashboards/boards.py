@@ -128,6 +128,8 @@ def build(board: Board) -> dict[str, Any]:
             target["intervalFactor"] = 1
             target["range"] = True
     for var in data["templating"]["list"]:
+        var["regex"] = var.get("regex") or ""
+        var["skipUrlSync"] = False
         if var["type"] == "datasource":
             var["current"] = {"selected": True, "text": "Prometheus", "value": DATASOURCE_UID}
         else:
