@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -174,6 +175,7 @@ def main() -> int:
         web.run_app(upstream_app(args.chunks, args.interval_ms / 1000), host="127.0.0.1",
                     port=args.serve_upstream, print=None, access_log=None)
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # children are stopped in `finally`
     tmp = Path(tempfile.mkdtemp(prefix="llmbench-bench-"))
     up_port, proxy_port = free_port(), free_port()
     children = [Child("upstream", [sys.executable, __file__, "--serve-upstream", str(up_port), "--chunks",
@@ -195,7 +197,7 @@ def main() -> int:
         wait_http(f"http://127.0.0.1:{proxy_port}/-/ready", 30, children[1])
         if "nginx" in paths:
             wait_http(paths["nginx"].replace("/v1/completions", "/health"), 30, children[2])
-        else:
+        elif not args.no_nginx:
             print("nginx not found (apt-get install nginx-light): no reference proxy in this run")
         print(f"{args.chunks} events a stream, paced {args.interval_ms} ms; {args.requests} requests per cell\n")
         pids = {name: c.proc.pid for name, c in (("proxy", children[1]), ("nginx", children[-1])) if name in paths}

@@ -8,7 +8,7 @@ project has exactly one definition of TTFT, TPOT, E2E and success (SPEC sections
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from types import ModuleType
 from typing import Any
 
@@ -189,7 +189,11 @@ class Result:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # every field is a scalar: a shallow copy, not dataclasses.asdict's deep one
+        return {name: getattr(self, name) for name in _RESULT_FIELDS}
+
+
+_RESULT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Result))
 
 
 class StreamAnalyzer:

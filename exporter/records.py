@@ -23,6 +23,13 @@ __all__ = ["JsonlWriter", "Capture", "write_capture", "read_capture", "CAPTURE_F
 
 CAPTURE_FORMAT = "llmbench-capture/1"
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def _dumps(record: dict[str, Any]) -> bytes:
+    """One compact JSON line; NaN and infinities are refused (they are not JSON)."""
+    return _encode(record).encode("utf-8")
+
 
 class JsonlWriter:
     """Append whole JSON lines to a file, one system call per line."""
@@ -33,8 +40,7 @@ class JsonlWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        data = (line + "\n").encode("utf-8")
+        data = _dumps(record) + b"\n"
         written = os.write(self._fd, data)
         if written != len(data):  # only on a full disk; never leave a partial line behind
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
