@@ -35,7 +35,7 @@ from .promapi import MAX_POINTS, Prometheus, PromError, parse_duration
 from .render import render_board
 from .windows import Window, iso
 
-__all__ = ["ExportError", "QueryEvidence", "export", "GRAFANA_TOKEN_ENV", "choose_step"]
+__all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError"]
 
 GRAFANA_TOKEN_ENV = "LLMBENCH_GRAFANA_TOKEN"
 TARGET_POINTS = 1500
@@ -270,5 +270,3 @@ def verify_manifest(out: Path) -> list[str]:
             bad.append(f["path"])
     return bad
 
-
-__all__ += ["verify_manifest", "PromError"]

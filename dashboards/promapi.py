@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import requests
+import yaml
 
 __all__ = ["PromError", "Prometheus", "MAX_POINTS"]
 
@@ -56,8 +58,6 @@ class Prometheus:
 
     def scrape_intervals(self) -> dict[str, float]:
         """Each scrape job's interval in seconds, from the running configuration."""
-        import yaml
-
         cfg = yaml.safe_load(self._get("/api/v1/status/config")["yaml"]) or {}
         default = parse_duration(str((cfg.get("global") or {}).get("scrape_interval", "1m")))
         return {j["job_name"]: parse_duration(str(j.get("scrape_interval", f"{default}s")))
@@ -69,8 +69,6 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y":
 
 def parse_duration(text: str) -> float:
     """Prometheus durations: ``90s``, ``1m30s``, ``1.5h`` (a float part allowed), ``250ms``."""
-    import re
-
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)", text.strip())
     if not parts or "".join(n + u for n, u in parts) != text.strip():
         raise ValueError(f"not a duration: {text!r} (e.g. 30m, 2h, 90s)")

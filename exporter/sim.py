@@ -177,8 +177,8 @@ class SimEngine:
             self._window.append((now, n))
             while self._window and self._window[0][0] < now - 5:
                 self._window.pop(0)
-            span = max(1e-3, now - self._window[0][0]) if len(self._window) > 1 else 1.0
-            m.lv(m.gen_throughput).set(sum(k for _, k in self._window) / max(span, 1.0))
+            span = max(1.0, now - self._window[0][0])  # tokens over the last 1-5 s
+            m.lv(m.gen_throughput).set(sum(k for _, k in self._window) / span)
 
 
 SIM = web.AppKey("sim", SimEngine)
