@@ -15,7 +15,7 @@ from typing import Any
 import grafanalib.core as g
 from grafanalib._gen import DashboardEncoder
 
-from .catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, Board, Panel
+from .catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, LINE_STYLES, Board, Panel
 
 __all__ = ["SCHEMA_VERSION", "MAX_DATA_POINTS", "build", "build_all", "write_all", "layout", "GENERATED"]
 
@@ -45,11 +45,18 @@ def _variable(name: str) -> g.Template:
 def _color_overrides(panel: Panel) -> list[dict[str, Any]]:
     if not panel.per_engine_colors:
         return []
-    return [
+    out = [
         {"matcher": {"id": "byRegexp", "options": f"^{engine}.*"},
          "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
         for engine, color in ENGINE_COLORS.items()
     ]
+    legends = " ".join(q.legend for q in panel.queries)
+    for word, style in LINE_STYLES.items():
+        if word in legends:
+            dash = [10, 10] if style == "dash" else [0, 10]
+            out.append({"matcher": {"id": "byRegexp", "options": f".*{word}.*"},
+                        "properties": [{"id": "custom.lineStyle", "value": {"fill": style, "dash": dash}}]})
+    return out
 
 
 def _thresholds(panel: Panel) -> dict[str, Any]:

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from exporter.stats import SLO_TPOT_S, SLO_TTFT_S
 
 __all__ = [
-    "ENGINE_COLORS", "DATASOURCE_UID", "RATE_WINDOW", "Query", "Panel", "Board", "BOARDS",
+    "ENGINE_COLORS", "LINE_STYLES", "DATASOURCE_UID", "RATE_WINDOW", "Query", "Panel", "Board", "BOARDS",
     "PANELS", "expand", "rule_expr", "SLO_TTFT_S", "SLO_TPOT_S",
 ]
 
 #: Fixed colours: SGLang blue, vLLM orange (Grafana and the PNG evidence alike).
 ENGINE_COLORS: dict[str, str] = {"sglang": "#1f77b4", "vllm": "#ff7f0e"}
+#: Where one engine has several series on a panel: legend word -> line style.
+LINE_STYLES: dict[str, str] = {"proxy": "dash", "queue": "dot"}
 #: The provisioned Prometheus datasource's uid (compose/grafana/provisioning).
 DATASOURCE_UID = "llmbench-prometheus"
 #: The seed's boards take P95 over 1-minute histogram windows.  With the 5 s scrape

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.dates import DateFormatter, date2num  # noqa: E402
 
 from .boards import layout  # noqa: E402
-from .catalogue import ENGINE_COLORS, Board  # noqa: E402
+from .catalogue import ENGINE_COLORS, LINE_STYLES, Board  # noqa: E402
 
 __all__ = ["render_board", "png_size", "PX_PER_ROW", "WIDTH_PX", "DPI"]
 
@@ -22,6 +22,7 @@ WIDTH_PX = 1600
 PX_PER_ROW = 36  # one Grafana grid row (30 px there) plus room for titles
 HEADER_PX = 90
 
+_MPL_STYLE = {"dash": "--", "dot": ":"}
 _UNIT_SCALE = {"percentunit": (100.0, "%"), "percent": (1.0, "%"), "s": (1.0, "s"), "gbytes": (1.0, "GiB"),
                "hertz": (1e-9, "GHz"), "watt": (1.0, "W"), "celsius": (1.0, "°C"), "short": (1.0, ""),
                "suffix: tok/s": (1.0, "tok/s")}
@@ -89,7 +90,9 @@ def render_board(board: Board, data: dict[str, list[dict[str, Any]]], window: tu
         ax.grid(True, color="#e5e5e5", linewidth=0.6)
         for s in series:
             times = [_num(t) for t in s["times"]]
-            ax.plot(times, [v * scale for v in s["values"]], label=s["name"], color=_color(s["name"]), linewidth=1.6)
+            style = next((_MPL_STYLE[v] for k, v in LINE_STYLES.items() if k in s["name"]), "-")
+            ax.plot(times, [v * scale for v in s["values"]], label=s["name"], color=_color(s["name"]),
+                    linewidth=1.6, linestyle=style)
         for threshold in panel.thresholds:
             ax.axhline(threshold * scale, color="#d62728", linestyle="--", linewidth=0.9)
         ax.set_xlim(_num(start), _num(end))

@@ -99,6 +99,10 @@ def test_gpu_board_tolerates_both_hostname_labels() -> None:
 
 
 def test_internals_board_has_both_engines() -> None:
+    ttft = next(p for p in _boards()["internals"]["panels"] if p["title"].startswith("TTFT P95"))
+    styles = {o["matcher"]["options"]: o["properties"][0]["value"]["fill"]
+              for o in ttft["fieldConfig"]["overrides"] if o["properties"][0]["id"] == "custom.lineStyle"}
+    assert styles == {".*proxy.*": "dash", ".*queue.*": "dot"}  # engine vs proxy vs queue, same colour
     exprs = " ".join(t["expr"] for p in _boards()["internals"]["panels"] for t in p["targets"])
     for name in ("vllm:num_requests_running", "sglang:num_running_reqs", "vllm:kv_cache_usage_perc",
                  "sglang:token_usage", "vllm:request_queue_time_seconds_bucket", "llmbench_time_to_first_token_seconds"):
