@@ -28,6 +28,7 @@ import yaml
 from .analysis import RequestSpec, StreamAnalyzer
 from .records import JsonlWriter
 from .stats import median_of_rounds, round_row
+from .transport import transport_reason
 
 __all__ = ["Cell", "Stage", "Plan", "Driver", "load_plan", "make_prompt", "add_parser"]
 
@@ -216,12 +217,10 @@ class Driver:
                 analyzer = StreamAnalyzer(t0, resp.status, spec, streaming=streaming)
                 async for chunk in resp.content.iter_any():
                     analyzer.feed(chunk, time.monotonic())
-        except aiohttp.ClientConnectorError as exc:
-            error, detail = "connect_error", str(exc)
-        except TimeoutError:
-            error, detail = "timeout", f"no complete response within {self.timeout_s} s"
-        except (aiohttp.ClientError, OSError) as exc:
-            error, detail = "upstream_disconnect", f"{type(exc).__name__}: {exc}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            error = transport_reason(exc)
+            detail = (f"no complete response within {self.timeout_s} s" if error == "timeout"
+                      else f"{type(exc).__name__}: {exc}")
         if analyzer is None:
             analyzer = StreamAnalyzer(t0, None, spec, streaming=True)
         result = analyzer.finish(time.monotonic(), error, detail)

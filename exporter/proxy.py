@@ -26,8 +26,9 @@ from .analysis import RequestSpec, Result, StreamAnalyzer
 from .config import Config, Engine
 from .gpu import GpuCollector, make_source, poll_forever
 from .metrics import ProxyMetrics
-from .records import Capture, JsonlWriter, write_capture
+from .records import Capture, JsonlWriter, iso_ms, write_capture
 from .scenarios import MAX_ROUND, ScenarioBoard
+from .transport import transport_reason
 
 __all__ = ["create_app", "CONFIG", "STATE", "ProxyState"]
 
@@ -83,10 +84,6 @@ def _forward_headers(headers: Any) -> dict[str, str]:
     out = {k: v for k, v in headers.items() if k.lower() not in _HOP}
     out["Accept-Encoding"] = "identity"  # the core must read plain text
     return out
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
 
 
 class _ClientGone(Exception):
@@ -145,15 +142,15 @@ class _Exchange:
                 error, detail = "client_abort", "client closed the connection"
                 self._finish(meta, wall, error, detail)
                 raise
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                error, detail = "connect_error", f"{type(exc).__name__}: {exc}"
-            except TimeoutError:
-                error, detail = "timeout", self._timeout_detail()
-            except (aiohttp.ClientError, OSError) as exc:
-                error, detail = "upstream_disconnect", f"{type(exc).__name__}: {exc}"
-            except Exception as exc:  # a bug of ours must not lose the request's record
-                log.exception("request %s failed inside the proxy", self.id)
-                error, detail = "upstream_disconnect", f"internal error: {type(exc).__name__}: {exc}"
+            except Exception as exc:
+                error = transport_reason(exc)
+                if error is None:  # a bug of ours must not lose the request's record
+                    log.exception("request %s failed inside the proxy", self.id)
+                    error, detail = "upstream_disconnect", f"internal error: {type(exc).__name__}: {exc}"
+                elif error == "timeout":
+                    detail = self._timeout_detail()
+                else:
+                    detail = f"{type(exc).__name__}: {exc}"
             result = self._finish(meta, wall, error, detail)
         finally:
             gauge.dec()
@@ -202,10 +199,7 @@ class _Exchange:
                     if now - armed >= 1.0:
                         armed = now
                         deadline.reschedule(min(loop.time() + idle, end))
-                    try:
-                        await resp.write(chunk)
-                    except (ConnectionError, RuntimeError) as exc:
-                        raise _ClientGone() from exc
+                    await self._write(resp.write(chunk))
                     analyzer.feed(chunk, now)
                     if capture is not None:
                         capture.add(chunk, now - t0)
@@ -227,7 +221,7 @@ class _Exchange:
         state.metrics.observe(meta["engine"], meta["scenario"], result)
         record: dict[str, Any] = {
             **meta,
-            "start": _iso(wall),
+            "start": iso_ms(wall),
             "start_unix": round(wall, 6),
             **result.as_dict(),
             "capture": None,

@@ -15,13 +15,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JsonlWriter", "Capture", "write_capture", "read_capture", "CAPTURE_FORMAT"]
+__all__ = ["iso_ms", "JsonlWriter", "Capture", "write_capture", "read_capture", "CAPTURE_FORMAT"]
 
 CAPTURE_FORMAT = "llmbench-capture/1"
+
+def iso_ms(ts: float) -> str:
+    """Unix seconds as RFC 3339 UTC with milliseconds, as every record spells its times."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 

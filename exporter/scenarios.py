@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from .metrics import ProxyMetrics
-from .records import JsonlWriter
+from .records import JsonlWriter, iso_ms
 
 __all__ = ["ScenarioBoard", "Active", "MAX_ROUND"]
 
@@ -64,7 +64,7 @@ class ScenarioBoard:
                 self._metrics.scenario_info.labels(e, label, str(round_)).set(1)
         now = time.time()
         self._log.write({
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z",
+            "time": iso_ms(now),
             "unix": round(now, 3),
             "engines": engines,
             "scenario": label,

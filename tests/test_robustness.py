@@ -87,3 +87,18 @@ def test_sigkill_leaves_no_torn_record(tmp_path: Path) -> None:
     done = [c for c in client if c["proxy_id"] and c["id"] in by_id]
     # every request the client saw finish before the kill has its record, with the same verdict
     assert done and all(by_id[c["id"]]["outcome"] == c["outcome"] for c in done if c["outcome"] == "success")
+
+
+def test_transport_reasons_are_named_alike_for_proxy_and_driver() -> None:
+    import aiohttp
+    from aiohttp.client_reqrep import ConnectionKey
+
+    from exporter.transport import transport_reason
+
+    key = ConnectionKey("h", 1, False, True, None, None, None)
+    assert transport_reason(aiohttp.ClientConnectorError(key, OSError(111, "refused"))) == "connect_error"
+    assert transport_reason(aiohttp.ConnectionTimeoutError("connect")) == "connect_error"  # not "timeout"
+    assert transport_reason(TimeoutError()) == "timeout"
+    assert transport_reason(aiohttp.ServerDisconnectedError()) == "upstream_disconnect"
+    assert transport_reason(aiohttp.ClientPayloadError("cut")) == "upstream_disconnect"
+    assert transport_reason(ValueError("ours")) is None
