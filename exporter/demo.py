@@ -19,15 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .load import Driver, load_plan
-from .stack import (REPO_FILES, Child, exporter_argv, free_port, render_prometheus_config, start_prometheus,
-                    wait_for_scrapes, wait_http)
+from .stack import ENGINES, REPO_FILES, LocalStack
 
 __all__ = ["add_parser", "run_demo"]
 
-ENGINES = ("sglang", "vllm")
 
 
 def _say(msg: str) -> None:
@@ -91,59 +87,31 @@ def run_demo(args: argparse.Namespace) -> int:
     if out.exists() and not args.keep_output:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    logs = out / "logs"
     plan = load_plan(args.plan)
     scenarios = sorted({c.scenario for st in plan.stages for c in st.cells} | {"warmup"})
-    ports = {name: free_port() for name in (*ENGINES, "proxy", "prometheus")}
-    children: list[Child] = []
+    stack = LocalStack(out)
     try:
-        for name in ENGINES:
-            extra = ["--fault-empty-text", str(args.empty_text_rate)] if name == "vllm" else []
-            children.append(Child(f"sim-{name}", exporter_argv(
-                "sim", "--profile", name, "--listen", f"127.0.0.1:{ports[name]}",
-                "--speed", str(args.speed), "--seed", "7", *extra), logs))
-        config = {
-            "listen": f"127.0.0.1:{ports['proxy']}",
-            "engines": [{"name": n, "upstream": f"http://127.0.0.1:{ports[n]}"} for n in ENGINES],
-            "scenarios": scenarios,
-            "records_dir": str(out / "records"),
-            "capture_raw_sse": "failures",
-            "gpu": args.gpu,
-            "gpu_interval_s": 5,
-        }
-        cfg_path = out / "stack.yaml"
-        cfg_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        proxy = Child("proxy", exporter_argv("serve", "--config", str(cfg_path)), logs)
-        children.append(proxy)
-        for child, name in zip(children, ENGINES):
-            wait_http(f"http://127.0.0.1:{ports[name]}/health", 30, child)
-        wait_http(f"http://127.0.0.1:{ports['proxy']}/-/ready", 30, proxy)
+        stack.start(scenarios=scenarios, speed=args.speed, gpu=args.gpu,
+                    vllm_faults=["--fault-empty-text", str(args.empty_text_rate)])
         prom_url = None
-        prom_cfg = render_prometheus_config({
-            "llmbench-exporter": [f"127.0.0.1:{ports['proxy']}"],
-            "sglang": [f"127.0.0.1:{ports['sglang']}"],
-            "vllm": [f"127.0.0.1:{ports['vllm']}"],
-        }, out / "prometheus")
         if args.no_prometheus:
             _say("Prometheus: skipped (--no-prometheus)")
         else:
             try:
-                children.append(start_prometheus(prom_cfg, out / "prometheus" / "data", ports["prometheus"], logs))
-                prom_url = f"http://127.0.0.1:{ports['prometheus']}"
-                _say(f"Prometheus: {prom_url} (config {prom_cfg})")
-                wait_for_scrapes(prom_url, 3)
+                prom_url = stack.start_prometheus()
+                _say(f"Prometheus: {prom_url} (config {stack.prom_config})")
             except FileNotFoundError:
                 _say("Prometheus: no `prometheus` binary on PATH, going on without it. Get one with\n"
                      "  apt-get install -y --no-install-recommends prometheus   (Debian/Ubuntu)\n"
-                     f"  and it will scrape with {prom_cfg}")
-        _say(f"proxy: http://127.0.0.1:{ports['proxy']}  (metrics at /metrics)")
+                     f"  and it will scrape with {stack.prom_config}")
+        _say(f"proxy: {stack.proxy_url}  (metrics at /metrics)")
         started = time.time()
         summaries = []
         for name in ENGINES:  # one engine after the other, like the seed
             _say(f"running plan {args.plan} against {name} ...")
 
             async def drive(engine: str = name) -> dict[str, Any]:
-                base = f"http://127.0.0.1:{ports['proxy']}/{engine}"
+                base = f"{stack.proxy_url}/{engine}"
                 async with Driver(base, out / "load" / engine, seed=11) as driver:
                     return await driver.run_plan(plan)
 
@@ -161,7 +129,7 @@ def run_demo(args: argparse.Namespace) -> int:
         _say(f"tables:     {out / 'load'}/<engine>/rounds.csv, summary.json; {out / 'rounds.txt'}")
         if boards:
             _say(f"dashboards: {boards} (import into Grafana, or use compose/)")
-        _say(f"logs:       {logs}")
+        _say(f"logs:       {stack.logs}")
         if evidence:
             _say(f"evidence:   {evidence}/EVIDENCE.md (PNG boards, CSV/JSON per panel, manifest.json); "
                  f"round tables with histogram-vs-exact P95 in {out / 'summary'}")
@@ -169,15 +137,14 @@ def run_demo(args: argparse.Namespace) -> int:
             _say(f"again:      evidence export --prometheus {prom_url} --window {window} --out DIR")
         if args.keep_running:
             _say("stack left running; Ctrl-C stops it")
-            while all(c.proc.poll() is None for c in children):
+            while stack.alive():
                 time.sleep(1)
         return 0
     except KeyboardInterrupt:
         _say("interrupted")
         return 130
     finally:
-        for child in reversed(children):
-            child.stop()
+        stack.stop()
 
 
 def add_parser(sub: Any) -> None:

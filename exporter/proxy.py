@@ -130,7 +130,7 @@ class _Exchange:
         gauge.inc()
         self.state.in_flight += 1
         wall = time.time()
-        self.t0 = t0 = time.monotonic()
+        self.t0 = time.monotonic()
         error: str | None = None
         detail: str | None = None
         try:

@@ -19,8 +19,8 @@ from typing import IO, Any
 import requests
 import yaml
 
-__all__ = ["REPO_FILES", "free_port", "Child", "render_prometheus_config", "wait_http", "start_prometheus",
-           "wait_for_scrapes"]
+__all__ = ["REPO_FILES", "ENGINES", "free_port", "Child", "LocalStack", "render_prometheus_config", "wait_http",
+           "start_prometheus", "wait_for_scrapes"]
 
 #: prometheus/ and dashboards/ next to the package (a source checkout or an editable install).
 REPO_FILES = Path(__file__).resolve().parent.parent
@@ -142,3 +142,74 @@ def wait_for_scrapes(prom_url: str, targets: int, timeout_s: float = 60.0) -> No
             pass
         time.sleep(0.5)
     raise TimeoutError(f"Prometheus at {prom_url} did not scrape {targets} targets within {timeout_s:.0f} s")
+
+
+ENGINES = ("sglang", "vllm")
+
+
+class LocalStack:
+    """A simulated SGLang and vLLM, the proxy in front of both and, on request, a real
+    Prometheus with the repo's config, all on loopback, under ``out``.  A context manager:
+    leaving it stops every child, also when start-up failed half-way."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.logs = out / "logs"
+        self.ports = {name: free_port() for name in (*ENGINES, "proxy", "prometheus")}
+        self.children: list[Child] = []
+        self.prom_config = out / "prometheus" / "prometheus.yml"
+        self.prom_url: str | None = None
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['proxy']}"
+
+    def start(self, *, scenarios: Sequence[str], speed: float, vllm_faults: Sequence[str] = (),
+              gpu: str = "off", gpu_interval_s: float = 5.0, seed: int = 7) -> None:
+        """The engines and the proxy (records in ``out/records``), ready; Prometheus's config
+        rendered for them."""
+        for name in ENGINES:
+            faults = list(vllm_faults) if name == "vllm" else []
+            self.children.append(Child(f"sim-{name}", exporter_argv(
+                "sim", "--profile", name, "--listen", f"127.0.0.1:{self.ports[name]}",
+                "--speed", str(speed), "--seed", str(seed), *faults), self.logs))
+        config = {
+            "listen": f"127.0.0.1:{self.ports['proxy']}",
+            "engines": [{"name": n, "upstream": f"http://127.0.0.1:{self.ports[n]}"} for n in ENGINES],
+            "scenarios": list(scenarios),
+            "records_dir": str(self.out / "records"),
+            "gpu": gpu,
+            "gpu_interval_s": gpu_interval_s,
+        }
+        cfg = self.out / "stack.yaml"
+        cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        proxy = Child("proxy", exporter_argv("serve", "--config", str(cfg)), self.logs)
+        self.children.append(proxy)
+        for child, name in zip(self.children, ENGINES):
+            wait_http(f"http://127.0.0.1:{self.ports[name]}/health", 30, child)
+        wait_http(f"{self.proxy_url}/-/ready", 30, proxy)
+        render_prometheus_config({
+            "llmbench-exporter": [f"127.0.0.1:{self.ports['proxy']}"],
+            **{n: [f"127.0.0.1:{self.ports[n]}"] for n in ENGINES},
+        }, self.prom_config.parent)
+
+    def start_prometheus(self) -> str:
+        """Prometheus, once it has scraped all three targets; FileNotFoundError without one."""
+        self.children.append(start_prometheus(self.prom_config, self.out / "prometheus" / "data",
+                                              self.ports["prometheus"], self.logs))
+        self.prom_url = f"http://127.0.0.1:{self.ports['prometheus']}"
+        wait_for_scrapes(self.prom_url, 1 + len(ENGINES))
+        return self.prom_url
+
+    def alive(self) -> bool:
+        return all(c.proc.poll() is None for c in self.children)
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+
+    def __enter__(self) -> LocalStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

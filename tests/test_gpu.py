@@ -6,7 +6,6 @@ import asyncio
 import logging
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import pynvml
