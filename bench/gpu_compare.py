@@ -4,7 +4,7 @@ Run on a machine with an NVIDIA GPU (the project's check ran on an H200):
 
     python3 bench/gpu_compare.py --samples 5 --out gpu-compare.json
 
-For each sample it reads every GPU through ``exporter.gpu.NvmlSource`` and through
+For each sample it reads every GPU through ``exporter.proxy.gpu.NvmlSource`` and through
 ``nvidia-smi --query-gpu=memory.used,clocks.sm,utilization.gpu,power.draw,temperature.gpu
 --format=csv,noheader,nounits`` started at the same moment, then prints a Markdown table.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.gpu import NvmlSource  # noqa: E402
+from exporter.proxy.gpu import NvmlSource  # noqa: E402
 
 SMI_FIELDS = ["memory.used", "clocks.sm", "utilization.gpu", "power.draw", "temperature.gpu"]
 OURS = ["DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE",

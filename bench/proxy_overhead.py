@@ -30,9 +30,9 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.analysis import RequestSpec, StreamAnalyzer  # noqa: E402
-from exporter.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
-from exporter.stats import percentile  # noqa: E402
+from exporter.core.analysis import RequestSpec, StreamAnalyzer  # noqa: E402
+from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
+from exporter.core.stats import percentile  # noqa: E402
 
 
 def _event(i: int) -> bytes:

@@ -24,8 +24,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.load import Cell, Driver  # noqa: E402
-from exporter.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
+from exporter.harness.load import Cell, Driver  # noqa: E402
+from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
 
 FAULTS = ("disconnect", "sse_error", "empty_text", "missing_done", "http_500")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exporter.analysis import RequestSpec, StreamAnalyzer
+from exporter.core.analysis import RequestSpec, StreamAnalyzer
 
 
 def _stream(tokens: int = 512) -> list[bytes]:

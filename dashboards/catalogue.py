@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from exporter.stats import SLO_TPOT_S, SLO_TTFT_S
+from exporter.proxy.config import DEFAULT_SLO
+
+from .mixin import CONFIG as MIXIN
 
 __all__ = [
     "ENGINE_COLORS", "LINE_STYLES", "DATASOURCE_UID", "RATE_WINDOW", "Query", "Panel", "Board", "BOARDS",
-    "PANELS", "expand", "rule_expr", "SLO_TTFT_S", "SLO_TPOT_S",
+    "PANELS", "expand", "rule_expr", "SLO_TTFT_S", "SLO_TPOT_S", "MIXIN",
 ]
 
 #: Fixed colours: SGLang blue, vLLM orange (Grafana and the PNG evidence alike).
@@ -27,6 +29,9 @@ DATASOURCE_UID = "llmbench-prometheus"
 #: interval of prometheus/prometheus.yml that is 12 samples, >= 4 scrape intervals.
 RATE_WINDOW = "1m"
 W = RATE_WINDOW
+#: The SLO the boards and alerts draw (the config's defaults, SPEC section 11).
+SLO_TTFT_S = DEFAULT_SLO.ttft_s
+SLO_TPOT_S = DEFAULT_SLO.tpot_s
 
 _ES = 'engine=~"$engine", scenario=~"$scenario"'
 _HOST = '{gpu=~"$gpu", Hostname=~"$host"}'

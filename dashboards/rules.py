@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .catalogue import PANELS, SLO_TPOT_S, SLO_TTFT_S, rule_expr
+from .catalogue import MIXIN, PANELS, SLO_TPOT_S, SLO_TTFT_S, rule_expr
 
 __all__ = ["RULES_FILE", "FAILURE_RATIO_MAX", "recording_rules", "alert_rules", "rules_document", "write_rules"]
 
@@ -72,7 +72,7 @@ def alert_rules() -> list[dict[str, Any]]:
         },
         {
             "alert": "LLMBenchExporterDown",
-            "expr": 'up{job="llmbench-exporter"} == 0 or absent(up{job="llmbench-exporter"})',
+            "expr": f'up{{{MIXIN.job_selector}}} == 0 or absent(up{{{MIXIN.job_selector}}})',
             "for": "1m",
             "labels": {"severity": "critical"},
             "annotations": {

@@ -1,92 +1,50 @@
-"""``llm-bench-exporter`` command line: serve, sim, load, demo, dashboards."""
+"""``llm-bench-exporter`` command line: serve, sim, load, demo, dashboards.
+
+Subcommands are imported lazily: ``serve`` loads the proxy only, never grafanalib,
+matplotlib or requests, and ``import exporter.cli`` costs next to nothing.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
-from dashboards import __main__ as dashboards_cli
+from . import __version__
 
-from . import __version__, demo, load, sim
-from .config import ConfigError, load_config, parse_gpu, parse_listen
+__all__ = ["main", "build_parser", "COMMANDS"]
 
-__all__ = ["main"]
-
-log = logging.getLogger("llmbench")
-
-
-def _listen(value: str) -> str:
-    try:
-        parse_listen(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
+#: subcommand -> (module with ``add_parser(sub)``, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("exporter.proxy.serve", "run the measuring proxy exporter"),
+    "sim": ("exporter.harness.sim", "run a simulated vLLM or SGLang engine"),
+    "load": ("exporter.harness.load", "drive load against an OpenAI-compatible base URL"),
+    "demo": ("exporter.harness.demo", "the whole stack on one machine with simulated engines"),
+    "dashboards": ("dashboards.__main__", "write the Grafana dashboards' JSON (and the Prometheus rules)"),
+}
 
 
-def _gpu(value: str) -> str:
-    try:
-        return parse_gpu(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed (the ``fast`` extra): a cheaper hop per request and per read."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from .proxy import create_app
-
-    try:
-        config = load_config(args.config, listen=args.listen, gpu=args.gpu)
-    except ConfigError as exc:
-        print(f"llm-bench-exporter: {exc}", file=sys.stderr)
-        return 2
-    host, port = parse_listen(config.listen)
-    try:
-        app = create_app(config)
-    except OSError as exc:
-        print(f"llm-bench-exporter: records_dir {config.records_dir}: {exc}", file=sys.stderr)
-        return 2
-    log.info("proxy on http://%s:%d, engines: %s", host, port,
-             ", ".join(f"{e.name} -> {e.display_url}" for e in config.engines))
-    try:
-        web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True,
-                    print=None, loop=_event_loop())
-    except OSError as exc:
-        print(f"llm-bench-exporter: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llm-bench-exporter", description=__doc__)
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the subcommand named in ``argv`` is imported (all of them when None)."""
+    parser = argparse.ArgumentParser(prog="llm-bench-exporter", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=__version__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    serve = sub.add_parser("serve", help="run the measuring proxy exporter")
-    serve.add_argument("--config", required=True, help="YAML config file")
-    serve.add_argument("--listen", type=_listen, help="HOST:PORT (overrides the config)")
-    serve.add_argument("--gpu", type=_gpu, help="off | nvml | sim:N (overrides the config)")
-    serve.set_defaults(func=cmd_serve)
-    for add_parser in (sim.add_parser, load.add_parser, demo.add_parser, dashboards_cli.add_parser):
-        add_parser(sub)
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, (module, help_text) in COMMANDS.items():
+        if chosen is None or name == chosen:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,0 +1,272 @@
+"""``evidence export``: every panel's query over an absolute window, with data-point checks.
+
+Writes, under the output directory:
+
+* ``data/<board>/<panel>.csv`` and ``.json``: the series of each panel query;
+* ``<board>.png``: the board in a light layout (matplotlib), the window on the figure;
+* ``grafana/<board>-<panel>.png``: Grafana's own rendering, with ``--grafana``;
+* ``EVIDENCE.md``: per panel the exact PromQL, the window (UTC and unix), the step, series
+  and point counts, gaps longer than two steps, NaN and empty-series counts, and the first
+  and last sample times;
+* ``manifest.json``: the SHA-256 of every file above, Prometheus's build info, the tool
+  version, the window and the step.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from exporter import __version__
+
+from dashboards.catalogue import BOARDS, RATE_WINDOW, Board, Panel, expand
+from .promapi import MAX_POINTS, Prometheus, PromError, parse_duration
+from .render import render_board
+from .windows import Window, iso
+
+__all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError"]
+
+GRAFANA_TOKEN_ENV = "LLMBENCH_GRAFANA_TOKEN"
+TARGET_POINTS = 1500
+
+
+class ExportError(Exception):
+    """A failure the user can act on (exit status 2)."""
+
+
+@dataclass
+class QueryEvidence:
+    ref: str
+    expr: str
+    legend: str
+    series: list[dict[str, Any]] = field(default_factory=list)  # {"name", "labels", "times", "values"}
+    points: int = 0
+    nan: int = 0
+    empty_series: int = 0
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+    first: float | None = None
+    last: float | None = None
+
+
+def _legend(fmt: str, labels: dict[str, str]) -> str:
+    name = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), fmt).strip()
+    return name or json.dumps(labels, sort_keys=True)
+
+
+def choose_step(window: Window, scrape_s: float, step: float | None) -> float:
+    """Default: about 1,500 points, never finer than the scrape interval; a given step is checked."""
+    if step is None:
+        return float(max(scrape_s, math.ceil(window.seconds / TARGET_POINTS), 1))
+    if step <= 0:
+        raise ExportError("--step must be positive")
+    points = math.floor(window.seconds / step) + 1
+    if points > MAX_POINTS:
+        raise ExportError(f"--step {step:g}s gives {points} points per series over {window.seconds:.0f}s; "
+                          f"Prometheus allows {MAX_POINTS}: use --step {math.ceil(window.seconds / (MAX_POINTS - 1))} or more")
+    return step
+
+
+def rate_window(scrape_s: float) -> str:
+    """The catalogue's 1-minute window, widened when the scrape interval is too coarse for it."""
+    need = 4 * scrape_s
+    return RATE_WINDOW if parse_duration(RATE_WINDOW) >= need else f"{math.ceil(need)}s"
+
+
+def _evidence(prom: Prometheus, panel: Panel, window: Window, step: float, rw: str) -> list[QueryEvidence]:
+    out = []
+    for q in panel.queries:
+        expr = expand(q.expr, range_s=window.seconds).replace(f"[{RATE_WINDOW}]", f"[{rw}]")
+        ev = QueryEvidence(q.ref, expr, q.legend)
+        for s in prom.query_range(expr, window.start, window.end, step):
+            times = [float(t) for t, _ in s["values"]]
+            values = [float(v) for _, v in s["values"]]
+            ev.series.append({"name": _legend(q.legend, s["metric"]), "labels": s["metric"],
+                              "times": times, "values": values})
+            ev.points += len(values)
+            nan = sum(1 for v in values if math.isnan(v))
+            ev.nan += nan
+            if nan == len(values):
+                ev.empty_series += 1
+            ev.gaps += [(a, b) for a, b in zip(times, times[1:]) if b - a > 2 * step]
+            if times:
+                ev.first = times[0] if ev.first is None else min(ev.first, times[0])
+                ev.last = times[-1] if ev.last is None else max(ev.last, times[-1])
+        out.append(ev)
+    return out
+
+
+def _write_data(out: Path, board: str, panel: Panel, evs: list[QueryEvidence], window: Window, step: float) -> list[Path]:
+    base = out / "data" / board
+    base.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = base / f"{panel.key}.csv", base / f"{panel.key}.json"
+    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["query", "series", "time_unix", "time_utc", "value"])
+        for ev in evs:
+            for s in ev.series:
+                for t, v in zip(s["times"], s["values"]):
+                    w.writerow([ev.ref, s["name"], f"{t:.3f}", iso(t), repr(v)])
+    doc = {
+        "board": board, "panel": panel.key, "title": panel.title, "unit": panel.unit,
+        "window": {"start": window.start, "end": window.end, "start_utc": iso(window.start), "end_utc": iso(window.end)},
+        "step_s": step,
+        "queries": [{"ref": ev.ref, "expr": ev.expr, "legend": ev.legend,
+                     "series": [{"name": s["name"], "labels": s["labels"],
+                                 "values": [[t, None if math.isnan(v) else v] for t, v in zip(s["times"], s["values"])]}
+                                for s in ev.series]} for ev in evs],
+    }
+    json_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    return [csv_path, json_path]
+
+
+def _grafana(url: str, token: str, board_key: str, board: Board, window: Window, out: Path) -> list[Path]:
+    """Grafana's own PNG of each panel (``/render/d-solo``), light theme, same window."""
+    from dashboards.boards import build
+
+    panels = build(board)["panels"]
+    paths = []
+    for panel, built in zip(board.panels, panels):
+        params = {"orgId": 1, "panelId": built["id"], "from": int(window.start * 1000), "to": int(window.end * 1000),
+                  "width": 1000, "height": 500, "theme": "light", "tz": "UTC"}
+        try:
+            r = requests.get(f"{url.rstrip('/')}/render/d-solo/{board.uid}/{board.uid}", params=params,
+                             headers={"Authorization": f"Bearer {token}"}, timeout=120)
+        except requests.RequestException as exc:
+            raise ExportError(f"cannot reach Grafana at {url}: {type(exc).__name__}") from None
+        if r.status_code != 200 or not r.content.startswith(b"\x89PNG"):
+            raise ExportError(f"Grafana render of {board_key}/{panel.key} failed: HTTP {r.status_code}")
+        path = out / "grafana" / f"{board_key}-{panel.key}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(r.content)
+        paths.append(path)
+    return paths
+
+
+def _fmt_t(t: float | None) -> str:
+    return "-" if t is None else f"{iso(t)} ({t:.0f})"
+
+
+def _markdown(window: Window, step: float, rw: str, build: dict[str, Any], results: dict[str, dict[str, list[QueryEvidence]]]) -> str:
+    lines = [
+        "# Monitoring evidence", "",
+        f"- Window: {iso(window.start)} to {iso(window.end)} (unix {window.start:.3f} to {window.end:.3f}, "
+        f"{window.seconds:.0f} s), from `{window.spec}`",
+        f"- Step: {step:g} s; rate window: {rw}" + ("" if rw == RATE_WINDOW else f" (widened from {RATE_WINDOW} for the scrape interval)"),
+        f"- Prometheus {build.get('version', '?')} (revision {build.get('revision', '?')}); llm-bench-exporter {__version__}",
+        "",
+    ]
+    for board_key, panels in results.items():
+        board = BOARDS[board_key]
+        lines += [f"## {board.title}", "", f"![{board.title}]({board_key}.png)", ""]
+        for panel in board.panels:
+            lines += [f"### {panel.title}", ""]
+            for ev in panels[panel.key]:
+                gaps = ", ".join(f"{iso(a)}–{iso(b)}" for a, b in ev.gaps[:10]) or "none"
+                if len(ev.gaps) > 10:
+                    gaps += f" (+{len(ev.gaps) - 10} more)"
+                lines += [
+                    "```promql", ev.expr, "```", "",
+                    "| series | points | NaN | empty series | gaps > 2 steps | first sample | last sample |",
+                    "|---|---|---|---|---|---|---|",
+                    f"| {len(ev.series)} | {ev.points} | {ev.nan} | {ev.empty_series} | {len(ev.gaps)} | "
+                    f"{_fmt_t(ev.first)} | {_fmt_t(ev.last)} |", "",
+                ]
+                if ev.gaps:
+                    lines += [f"Gaps: {gaps}", ""]
+                if not ev.series:
+                    lines += ["**No series in this window.**", ""]
+            lines += [f"Data: `data/{board_key}/{panel.key}.csv`, `data/{board_key}/{panel.key}.json`", ""]
+    return "\n".join(lines)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
+           grafana: str | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message."""
+    progress = sys.stderr.isatty() if progress is None else progress
+    names = boards or list(BOARDS)
+    unknown = [b for b in names if b not in BOARDS]
+    if unknown:
+        raise ExportError(f"unknown boards {unknown}; choose from {sorted(BOARDS)}")
+    token = None
+    if grafana:
+        token = os.environ.get(GRAFANA_TOKEN_ENV)
+        if not token:
+            raise ExportError(f"--grafana needs a service-account token in the environment variable {GRAFANA_TOKEN_ENV}")
+    build = prom.buildinfo()
+    intervals = prom.scrape_intervals()
+    scrape_s = max(intervals.values(), default=15.0)
+    step = choose_step(window, min(intervals.values(), default=15.0), step)
+    rw = rate_window(scrape_s)
+    results: dict[str, dict[str, list[QueryEvidence]]] = {}
+    total = sum(len(BOARDS[b].panels) for b in names)
+    done = 0
+    for b in names:
+        results[b] = {}
+        for panel in BOARDS[b].panels:
+            results[b][panel.key] = _evidence(prom, panel, window, step, rw)
+            done += 1
+            if progress:
+                sys.stderr.write(f"\rquerying panels {done}/{total}")
+                sys.stderr.flush()
+    if progress:
+        sys.stderr.write("\n")
+    if not any(ev.points - ev.nan for panels in results.values() for evs in panels.values() for ev in evs):
+        raise ExportError(f"no data in the window {iso(window.start)} to {iso(window.end)}: "
+                          "check the window and that Prometheus scraped the exporter then")
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    for b, panels in results.items():
+        board = BOARDS[b]
+        for panel in board.panels:
+            files += _write_data(out, b, panel, panels[panel.key], window, step)
+        data = {key: [s for ev in evs for s in ev.series] for key, evs in panels.items()}
+        files.append(render_board(board, data, (window.start, window.end), out / f"{b}.png",
+                                  subtitle=f"step {step:g} s, rate window {rw}"))
+        if grafana and token:
+            files += _grafana(grafana, token, b, board, window, out)
+    md = out / "EVIDENCE.md"
+    md.write_text(_markdown(window, step, rw, build, results), encoding="utf-8")
+    files.append(md)
+    manifest = {
+        "tool": "llm-bench-exporter evidence", "version": __version__,
+        "created_utc": iso(time.time()),
+        "prometheus": {"url": prom.url, "buildinfo": build, "scrape_intervals_s": intervals},
+        "window": {"spec": window.spec, "start": window.start, "end": window.end,
+                   "start_utc": iso(window.start), "end_utc": iso(window.end)},
+        "step_s": step, "rate_window": rw, "boards": names,
+        "files": [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": _sha256(p)}
+                  for p in sorted(files)],
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    return manifest
+
+
+def verify_manifest(out: Path) -> list[str]:
+    """Files whose SHA-256 no longer matches the manifest (empty when all verify)."""
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    bad = []
+    for f in manifest["files"]:
+        p = out / f["path"]
+        if not p.exists() or _sha256(p) != f["sha256"]:
+            bad.append(f["path"])
+    return bad
+

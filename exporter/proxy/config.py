@@ -1,0 +1,190 @@
+"""The exporter's configuration: YAML validated by pydantic, refused whole when invalid."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+__all__ = ["Config", "ConfigError", "Engine", "Timeouts", "Slo", "Otlp", "load_config", "parse_listen", "parse_gpu"]
+
+RESERVED_SCENARIOS = frozenset({"none", "other"})
+_NAME = r"^[a-z0-9_-]+$"
+_GPU = re.compile(r"^(off|nvml|sim:[1-9][0-9]*)$")
+
+
+class ConfigError(Exception):
+    """An invalid configuration: the message names each field path and reason."""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) to a (host, port) pair."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_gpu(value: Any) -> str:
+    """``off`` (YAML ``false`` too), ``nvml`` or ``sim:N``."""
+    if value is False or value is None:
+        return "off"
+    text = str(value).strip().lower()
+    if not _GPU.match(text):
+        raise ValueError(f"expected 'off', 'nvml' or 'sim:N', got {value!r}")
+    return text
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Engine(_Model):
+    name: Annotated[str, Field(pattern=_NAME, max_length=64)]
+    upstream: AnyHttpUrl
+    #: SPEC section 13: ``inject`` adds ``stream_options.include_usage`` upstream for clients
+    #: that do not ask for usage, and leaves the usage-only event out of their stream.
+    usage: Literal["require", "inject"] = "require"
+
+    @property
+    def base_url(self) -> str:
+        return str(self.upstream).rstrip("/")
+
+    @property
+    def display_url(self) -> str:
+        """The upstream without any user:password part, for logs and messages."""
+        u = self.upstream
+        port = f":{u.port}" if u.port is not None else ""
+        return f"{u.scheme}://{u.host}{port}{(u.path or '').rstrip('/')}"
+
+
+class Timeouts(_Model):
+    """Seconds.  Defaults allow a minutes-long prefill under load (the seed saw a 155 s TTFT)."""
+
+    connect_s: Annotated[float, Field(gt=0)] = 10.0
+    first_byte_s: Annotated[float, Field(gt=0)] = 900.0  # request sent -> first body byte
+    idle_s: Annotated[float, Field(gt=0)] = 300.0  # longest gap between two body reads
+    total_s: Annotated[float, Field(gt=0)] = 3600.0  # whole request
+
+
+class Slo(_Model):
+    """Service-level objective of one request (SPEC section 11); the seed's SLO is the default.
+
+    The single source of these thresholds: boards, rules and round tables read the defaults."""
+
+    ttft_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3.0
+    tpot_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.050
+
+
+#: The default SLO (SPEC section 11), for code that has no config at hand.
+DEFAULT_SLO = Slo()
+
+
+class Otlp(_Model):
+    """OTLP/HTTP export of the GenAI semantic-convention metrics (SPEC section 17, extra ``otel``)."""
+
+    endpoint: AnyHttpUrl  # base URL; metrics go to {endpoint}/v1/metrics
+    interval_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0
+
+
+class Config(_Model):
+    listen: str = "127.0.0.1:9464"
+    engines: Annotated[list[Engine], Field(min_length=1)]
+    scenarios: list[Annotated[str, Field(min_length=1, max_length=128)]] = []
+    records_dir: Path = Path("./run")
+    capture_raw_sse: Literal["failures", "all", "none"] = "failures"
+    gpu: str = "off"
+    gpu_interval_s: Annotated[float, Field(gt=0)] = 15.0
+    timeouts: Timeouts = Timeouts()
+    max_line_bytes: Annotated[int, Field(ge=1024)] = 16 << 20
+    max_request_body_bytes: Annotated[int, Field(ge=1024)] = 64 << 20
+    max_capture_bytes: Annotated[int, Field(ge=0)] = 64 << 20
+    #: one SSE event (all its data lines) past this is ``malformed`` (memory per request bounded)
+    max_event_bytes: Annotated[int, Field(ge=1024)] = 16 << 20
+    slo: Slo = Slo()
+    slo_by_scenario: dict[str, Slo] = {}
+    otlp: Otlp | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_listen(v)
+        return v
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu(cls, v: Any) -> str:
+        return parse_gpu(v)
+
+    @field_validator("scenarios")
+    @classmethod
+    def _scenarios(cls, v: list[str]) -> list[str]:
+        clash = sorted(set(v) & RESERVED_SCENARIOS)
+        if clash:
+            raise ValueError(f"scenario names {clash} are reserved")
+        if len(set(v)) != len(v):
+            raise ValueError("scenario names must be unique")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_engines(self) -> Config:
+        names = [e.name for e in self.engines]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"engine names must be unique, repeated: {dup}")
+        return self
+
+    def slo_for(self, scenario: str) -> Slo:
+        """The SLO of a scenario label: its override, else the config's ``slo``."""
+        return self.slo_by_scenario.get(scenario, self.slo)
+
+    def engine(self, name: str) -> Engine | None:
+        for e in self.engines:
+            if e.name == name:
+                return e
+        return None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {path}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def validate(data: Any, source: str = "config") -> Config:
+    """Build a Config from parsed YAML, or raise ConfigError naming every bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid configuration\n{_describe(exc)}") from None
+
+
+def load_config(path: str | Path, **overrides: Any) -> Config:
+    """Read and validate a YAML file; ``overrides`` (e.g. listen, gpu) replace its keys."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if isinstance(data, dict):
+        data.update({k: v for k, v in overrides.items() if v is not None})
+    return validate(data, str(p))

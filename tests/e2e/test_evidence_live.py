@@ -1,0 +1,150 @@
+"""evidence export against the real Prometheus fed by the real exporter."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image as mpimg
+import pytest
+
+from dashboards.catalogue import BOARDS
+from dashboards.evidence.decode import decode_capture
+from dashboards.evidence.cli import main as evidence_main
+from dashboards.evidence.export import GRAFANA_TOKEN_ENV, verify_manifest
+from dashboards.evidence.promapi import Prometheus
+from dashboards.evidence.render import png_size
+from dashboards.evidence.summarize import summarize
+from dashboards.evidence.windows import WindowError, parse_window
+from exporter.harness.sim import FAULTS, build_params, create_sim_app
+
+from tests.helpers import INTENDED, read_records
+
+
+def _window(stack: Any) -> str:
+    return f"{stack.start:.0f},{stack.end:.0f}"
+
+
+def test_export_writes_every_file_and_the_manifest_verifies(live_stack: Any, tmp_path: Path) -> None:
+    out = tmp_path / "ev"
+    assert evidence_main(["export", "--prometheus", live_stack.prom, "--window", _window(live_stack), "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = {f["path"] for f in manifest["files"]}
+    for board, spec in BOARDS.items():
+        assert f"{board}.png" in listed
+        for panel in spec.panels:
+            assert {f"data/{board}/{panel.key}.csv", f"data/{board}/{panel.key}.json"} <= listed
+    assert "EVIDENCE.md" in listed
+    assert {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} == listed | {"manifest.json"}
+    assert verify_manifest(out) == []
+    assert manifest["prometheus"]["buildinfo"]["version"] and manifest["version"]
+    assert manifest["window"]["start"] == float(_window(live_stack).split(",")[0])
+    (out / "data/comparison/ttft_p95.csv").write_text("tampered")
+    assert verify_manifest(out) == ["data/comparison/ttft_p95.csv"]
+    md = (out / "EVIDENCE.md").read_text()
+    assert "histogram_quantile(0.95, sum by (engine, le) (rate(llmbench_time_to_first_token_seconds_bucket[1m])))" in md
+    assert manifest["window"]["start_utc"] in md and "| series | points | NaN |" in md
+    ttft = json.loads((out / "data/comparison/ttft_p95.json").read_text())
+    assert {s["name"] for s in ttft["queries"][0]["series"]} == {"sglang", "vllm"}
+    for board, spec in BOARDS.items():
+        img = mpimg.imread(out / f"{board}.png")
+        assert (img.shape[1], img.shape[0]) == png_size(spec)
+        assert len({tuple(px) for px in img.reshape(-1, img.shape[2])[::97]}) > 20  # not a blank image
+
+
+def test_scenario_windows_resolve(live_stack: Any) -> None:
+    events = [json.loads(x) for x in (live_stack.records / "scenarios.jsonl").read_text().splitlines()]
+    i = next(i for i, e in enumerate(events) if e["scenario"] == "short-c8" and e["round"] == 2 and e["engines"] == ["vllm"])
+    start, end = events[i]["unix"], events[i + 1]["unix"]
+    from_records = parse_window("scenario:short-c8#2", records=live_stack.records)
+    # both engines ran short-c8 round 2: the records give the span of both, exactly
+    sg = next(e for e in events if e["scenario"] == "short-c8" and e["round"] == 2 and e["engines"] == ["sglang"])
+    assert from_records.start == sg["unix"] and from_records.end == end
+    prom = Prometheus(live_stack.prom)
+    w = parse_window('scenario:short-c8#2', prom=prom)
+    assert abs(w.start - sg["unix"]) <= 6 and abs(w.end - end) <= 6  # within a scrape interval
+    with pytest.raises(WindowError, match="unknown scenario"):
+        parse_window("scenario:nope", prom=prom)
+    with pytest.raises(WindowError, match="unknown scenario"):
+        parse_window("scenario:short-c8#9", records=live_stack.records)
+    assert start < end
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--window", "last:30"], "not a duration"),
+    (["--window", "yesterday"], "bad window"),
+    (["--window", "2026-01-01T00:00:00,2026-01-01T01:00:00"], "no timezone"),
+    (["--window", "978307200,978310800"], "no data in the window"),
+    (["--window", "scenario:never-ran"], "unknown scenario"),
+    (["--window", "last:7d", "--step", "1"], "Prometheus allows 11000"),
+])
+def test_export_errors(live_stack: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    rc = evidence_main(["export", "--prometheus", live_stack.prom, "--out", str(tmp_path / "x"), *args])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+class _FakeGrafana(http.server.BaseHTTPRequestHandler):
+    """Stands in for Grafana's /render (Grafana does not run on CI machines)."""
+
+    seen: list[tuple[str, str | None]] = []
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.seen.append((self.path, self.headers.get("Authorization")))
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.end_headers()
+        self.wfile.write(self.png)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_export_fetches_grafana_pngs_without_keeping_the_token(live_stack: Any, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _FakeGrafana)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = "glsa_SECRET_token_123"
+    out = tmp_path / "ev"
+    try:
+        monkeypatch.delenv(GRAFANA_TOKEN_ENV, raising=False)
+        args = ["export", "--prometheus", live_stack.prom, "--window", _window(live_stack), "--out", str(out),
+                "--boards", "comparison", "--grafana", f"http://127.0.0.1:{server.server_port}"]
+        assert evidence_main(args) == 2  # no token in the environment
+        monkeypatch.setenv(GRAFANA_TOKEN_ENV, token)
+        assert evidence_main(args) == 0
+    finally:
+        server.shutdown()
+    pngs = sorted((out / "grafana").glob("*.png"))
+    assert len(pngs) == len(BOARDS["comparison"].panels)
+    path, auth = _FakeGrafana.seen[0]
+    assert path.startswith(f"/render/d-solo/{BOARDS['comparison'].uid}/") and "theme=light" in path
+    assert "from=" in path and "panelId=" in path and auth == f"Bearer {token}"
+    for p in out.rglob("*"):
+        if p.is_file():
+            assert token.encode() not in p.read_bytes()
+    assert verify_manifest(out) == []
+
+
+def _rec(engine: str, scenario: str, rnd: int, start: float, e2e: float, ttft: float | None, tpot: float | None,
+         tokens: int = 128, outcome: str = "success", reason: str | None = None) -> dict[str, Any]:
+    return {"engine": engine, "scenario": scenario, "round": rnd, "start_unix": start, "e2e_s": e2e, "ttft_s": ttft,
+            "tpot_s": tpot, "completion_tokens": tokens, "outcome": outcome, "reason": reason}
+
+
+def test_summarize_against_prometheus(live_stack: Any) -> None:
+    from dashboards.evidence.summarize import load_records
+
+    s = summarize(load_records(live_stack.records), Prometheus(live_stack.prom))
+    cmp = {(r["engine"], r["scenario"]): r for r in s["histogram_vs_exact"]}
+    row = cmp[("vllm", "short-c8")]
+    assert row["ttft_p95_exact_s"] > 0 and row["ttft_p95_histogram_s"] > 0
+    assert math.isfinite(row["ttft_p95_rel_error"]) and abs(row["e2e_p95_rel_error"]) < 0.5

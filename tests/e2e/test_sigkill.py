@@ -1,0 +1,65 @@
+"""A SIGKILL of the proxy under load leaves no torn record line."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.harness.load import Cell, Driver, Plan, Stage
+from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
+
+from tests.helpers import read_records, stream_events
+
+REQ = {"prompt": "x", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def _through(upstream: Any, proxy_factory: Any, body: bytes, **cfg: Any) -> tuple[bytes, Any]:
+    up, server = upstream
+    up.handler = lambda r: stream_events(r, [body[i:i + 1000] for i in range(0, len(body), 1000)])
+    client = await proxy_factory(server.port, **cfg)
+    resp = await client.post("/vllm/v1/completions", json=REQ)
+    return await resp.read(), resp
+
+
+def test_sigkill_leaves_no_torn_record(tmp_path: Path) -> None:
+    ports = {n: free_port() for n in ("sim", "proxy")}
+    children = [Child("sim", exporter_argv("sim", "--profile", "vllm", "--listen", f"127.0.0.1:{ports['sim']}",
+                                            "--speed", "20", "--fault-disconnect", "0.05"), tmp_path)]
+    cfg = tmp_path / "stack.yaml"
+    cfg.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{ports['proxy']}", "records_dir": str(tmp_path / "run"),
+                                   "engines": [{"name": "vllm", "upstream": f"http://127.0.0.1:{ports['sim']}"}]}))
+    proxy = Child("proxy", exporter_argv("serve", "--config", str(cfg)), tmp_path)
+    children.append(proxy)
+    try:
+        wait_http(f"http://127.0.0.1:{ports['sim']}/health", 30, children[0])
+        wait_http(f"http://127.0.0.1:{ports['proxy']}/-/ready", 30, proxy)
+
+        async def drive() -> None:
+            async with Driver(f"http://127.0.0.1:{ports['proxy']}/vllm", tmp_path / "load", model="m") as d:
+                plan = Plan([Stage("s", [Cell("soak", 16, 16, requests=100_000, concurrency=32)])])
+                task = asyncio.create_task(d.run_plan(plan))
+                await asyncio.sleep(2.0)
+                proxy.proc.send_signal(signal.SIGKILL)  # mid-flight: dozens of requests open
+                await asyncio.sleep(0.2)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+        asyncio.run(drive())
+    finally:
+        for c in reversed(children):
+            c.stop()
+    lines = (tmp_path / "run" / "requests.jsonl").read_bytes().split(b"\n")
+    assert lines[-1] == b""  # the file ends with a complete line
+    records = [json.loads(x) for x in lines[:-1]]
+    assert len(records) > 100
+    client = [json.loads(x) for x in (tmp_path / "load" / "requests.jsonl").read_text().splitlines()]
+    by_id = {r["client_request_id"]: r for r in records}
+    done = [c for c in client if c["proxy_id"] and c["id"] in by_id]
+    # every request the client saw finish before the kill has its record, with the same verdict
+    assert done and all(by_id[c["id"]]["outcome"] == c["outcome"] for c in done if c["outcome"] == "success")

@@ -1,0 +1,174 @@
+"""Helpers shared by the tests: in-process upstreams, configs, records, a live stack.
+
+Tests import from here, never from ``conftest`` or from one another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from dashboards.evidence.promapi import Prometheus
+from exporter.harness.load import Cell, Driver, Plan, Stage
+from exporter.harness.sim import FAULTS
+from exporter.harness.stack import LocalStack
+from exporter.proxy.config import Config, validate
+
+from .transcripts import sse
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+OK_EVENTS = [
+    '{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"Hel","logprobs":null,"finish_reason":null,"stop_reason":null}]}',
+    '{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"lo","logprobs":null,"finish_reason":"length","stop_reason":null}]}',
+    '{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":4,"total_tokens":6,"completion_tokens":2}}',
+    "[DONE]",
+]
+OK_BODY = sse(*OK_EVENTS)
+
+
+async def stream_events(request: web.Request, events: list[bytes], delay: float = 0.0,
+                        headers: dict[str, str] | None = None) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **(headers or {})})
+    await resp.prepare(request)
+    for ev in events:
+        if delay:
+            await asyncio.sleep(delay)
+        await resp.write(ev)
+    await resp.write_eof()
+    return resp
+
+
+class Upstream:
+    """An in-process aiohttp upstream whose behaviour each test sets."""
+
+    def __init__(self) -> None:
+        self.handler: Handler = self.ok
+        self.seen: list[dict[str, Any]] = []
+
+    async def ok(self, request: web.Request) -> web.StreamResponse:
+        return await stream_events(request, [e.encode() + b"\n\n" for e in (f"data: {x}" for x in OK_EVENTS)])
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        return await self.handler(request)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        return app
+
+
+def make_config(tmp_path: Path, port: int, **extra: Any) -> Config:
+    data = {
+        "engines": [{"name": "vllm", "upstream": f"http://127.0.0.1:{port}"},
+                    {"name": "sglang", "upstream": f"http://127.0.0.1:{port}"}],
+        "scenarios": ["short-c1", "short-c32"],
+        "records_dir": str(tmp_path / "run"),
+        **extra,
+    }
+    return validate(data)
+
+
+def read_records(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "run" / "requests.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def wait_for_records(tmp_path: Path, n: int, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """The records once there are ``n`` (an aborted request is recorded after the client left)."""
+    for _ in range(int(timeout_s / 0.02)):
+        records = read_records(tmp_path)
+        if len(records) >= n:
+            return records
+        await asyncio.sleep(0.02)
+    return read_records(tmp_path)
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples that match ``labels`` in Prometheus text format (0 when none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+#: simulated fault -> the reason the proxy must give it
+INTENDED = {
+    None: None, "empty_text": "empty_text", "disconnect": "upstream_disconnect", "sse_error": "sse_error",
+    "missing_usage": "missing_usage", "missing_done": "missing_done", "http_500": "http_status",
+    "http_503": "http_status", "slow_first_byte": None,
+}
+assert set(INTENDED) - {None} == set(FAULTS)
+
+
+def require_prometheus() -> None:
+    """Skip without prometheus/promtool, unless CI demands them (LLMBENCH_REQUIRE_PROMETHEUS=1)."""
+    missing = [b for b in ("prometheus", "promtool") if shutil.which(b) is None]
+    if missing:
+        msg = f"{', '.join(missing)} not installed (apt-get install -y --no-install-recommends prometheus)"
+        if os.environ.get("LLMBENCH_REQUIRE_PROMETHEUS") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+SCENARIOS = ["short-c2", "short-c8"]
+
+
+@dataclass
+class LiveStack:
+    prom: str
+    proxy: str
+    records: Path
+    start: float
+    end: float
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    windows: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        return Prometheus(self.prom).query(expr, at)
+
+    def query_range(self, expr: str, step: float = 5.0) -> list[dict[str, Any]]:
+        return Prometheus(self.prom).query_range(expr, self.start, self.end, step)
+
+
+@contextlib.contextmanager
+def run_live_stack(tmp: Path) -> Iterator[LiveStack]:
+    with LocalStack(tmp) as local:
+        local.start(scenarios=SCENARIOS + ["warmup"], speed=1, vllm_faults=["--fault-empty-text", "0.1"],
+                    gpu="sim:4", gpu_interval_s=1)
+        prom = local.start_prometheus()
+        proxy_url = local.proxy_url
+        start = time.time()
+        plan = Plan([Stage("core", [
+            Cell("short-c2", input_tokens=64, output_tokens=32, requests=6, concurrency=2, rounds=1),
+            # rounds of 10-14 s each: longer than two scrape intervals, so scenario_info sees them
+            Cell("short-c8", input_tokens=256, output_tokens=128, requests=64, concurrency=8, rounds=2),
+        ])])
+        stack = LiveStack(prom, proxy_url, tmp / "records", start, start)
+        for engine in ("sglang", "vllm"):
+            t0 = time.time()
+
+            async def drive(e: str = engine) -> dict[str, Any]:
+                async with Driver(f"{proxy_url}/{e}", tmp / "load" / e, seed=3) as d:
+                    return await d.run_plan(plan)
+
+            stack.summaries.append(asyncio.run(drive()))
+            stack.windows[engine] = (t0, time.time())
+        time.sleep(12)  # two more scrapes and rule evaluations
+        stack.end = time.time()
+        yield stack

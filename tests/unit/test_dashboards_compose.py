@@ -1,0 +1,177 @@
+"""Structural checks of the dashboard JSON and the compose stack.
+
+Grafana and Docker do not run on CI machines, so the JSON is validated against what
+Grafana 10-12 import (schemaVersion, panel types, datasource references, ids, grid) and
+the compose file with Debian's docker-compose (schema) plus checks of our own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards.boards import GENERATED, MAX_DATA_POINTS, SCHEMA_VERSION
+from dashboards.catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose"
+VALID_UNITS = {"s", "percent", "percentunit", "short", "gbytes", "hertz", "watt", "celsius", "suffix: tok/s"}
+
+
+def _boards() -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in GENERATED.glob("*.json")}
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_board_structure(name: str) -> None:
+    board = _boards()[name]
+    assert board["schemaVersion"] == SCHEMA_VERSION >= 36
+    assert board["uid"] == BOARDS[name].uid and len(board["uid"]) <= 40
+    assert "rows" not in board
+    panels = board["panels"]
+    assert len(panels) == len(BOARDS[name].panels)
+    assert len({p["id"] for p in panels}) == len(panels)
+    for i, p in enumerate(panels):
+        assert p["type"] in ("timeseries", "stat"), p["type"]
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert p["maxDataPoints"] == MAX_DATA_POINTS > 100
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0 and g["w"] > 0
+        for q in panels[i + 1:]:
+            assert not _overlap(g, q["gridPos"]), (p["title"], q["title"])
+        assert p["fieldConfig"]["defaults"]["unit"] in VALID_UNITS
+        assert p["targets"]
+        for t in p["targets"]:
+            assert t["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert t["expr"].strip() and t["refId"] and t["legendFormat"]
+        assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    ds = variables["datasource"]
+    assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+    assert ds["current"]["value"] == DATASOURCE_UID
+    used = set(re.findall(r"\$(\w+)", json.dumps(panels))) - {"__range", "datasource"}
+    assert used <= set(variables), used - set(variables)
+
+
+def test_comparison_board_reproduces_the_seed() -> None:
+    board = _boards()["comparison"]
+    by_title = {p["title"]: p for p in board["panels"]}
+    grid = [by_title[t] for t in ("TTFT P95", "Per-request TPOT P95", "Successful output throughput",
+                                  "Full-stream E2E P95")]
+    assert all(p["type"] == "timeseries" for p in grid)
+    xs = sorted((p["gridPos"]["y"], p["gridPos"]["x"]) for p in grid)
+    assert len({y for y, _ in xs}) == 2 and len({x for _, x in xs}) == 2  # a 2x2 grid
+    stats = [p for p in board["panels"] if p["type"] == "stat"]
+    assert {p["title"] for p in stats} == {"Success ratio", "Failures by reason", "Empty-text HTTP 200 responses"}
+    assert max(p["gridPos"]["y"] for p in stats) < min(p["gridPos"]["y"] for p in grid)  # stat row above
+    for p in grid:
+        assert "histogram_quantile(0.95" in p["targets"][0]["expr"] or "rate(llmbench_output_tokens_total" in p["targets"][0]["expr"]
+        colors = {o["matcher"]["options"]: o["properties"][0]["value"]["fixedColor"] for o in p["fieldConfig"]["overrides"]}
+        assert colors == {f"^{e}.*": c for e, c in ENGINE_COLORS.items()}
+    assert ENGINE_COLORS["sglang"] == "#1f77b4" and ENGINE_COLORS["vllm"] == "#ff7f0e"  # blue, orange
+    assert by_title["TTFT P95"]["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 3.0
+    assert by_title["Per-request TPOT P95"]["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 0.05
+    ann = [a for a in board["annotations"]["list"] if a.get("expr")]
+    assert ann and "llmbench_scenario_info" in ann[0]["expr"] and ann[0]["datasource"]["uid"] == "${datasource}"
+    assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "engine", "scenario"}
+
+
+def test_gpu_board_tolerates_both_hostname_labels() -> None:
+    board = _boards()["gpu"]
+    for p in board["panels"]:
+        expr = p["targets"][0]["expr"]
+        assert "Hostname=~" in expr and "hostname=~" in expr and "DCGM_FI_DEV_" in expr
+    host = next(v for v in board["templating"]["list"] if v["name"] == "host")
+    assert re.search(host["regex"].strip("/"), 'x{hostname="h1"}') and re.search(host["regex"].strip("/"), 'x{Hostname="h1"}')
+    titles = {p["title"] for p in board["panels"]}
+    assert {"Framebuffer used", "SM clock", "GPU utilisation", "Power draw", "GPU temperature"} == titles
+
+
+def test_internals_board_has_both_engines() -> None:
+    ttft = next(p for p in _boards()["internals"]["panels"] if p["title"].startswith("TTFT P95"))
+    styles = {o["matcher"]["options"]: o["properties"][0]["value"]["fill"]
+              for o in ttft["fieldConfig"]["overrides"] if o["properties"][0]["id"] == "custom.lineStyle"}
+    assert styles == {".*proxy.*": "dash", ".*queue.*": "dot"}  # engine vs proxy vs queue, same colour
+    exprs = " ".join(t["expr"] for p in _boards()["internals"]["panels"] for t in p["targets"])
+    for name in ("vllm:num_requests_running", "sglang:num_running_reqs", "vllm:kv_cache_usage_perc",
+                 "sglang:token_usage", "vllm:request_queue_time_seconds_bucket", "llmbench_time_to_first_token_seconds"):
+        assert name in exprs
+
+
+# -- compose -----------------------------------------------------------------------------------
+
+def _compose() -> dict:
+    return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+
+
+def test_compose_with_docker_compose_schema() -> None:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        if os.environ.get("LLMBENCH_REQUIRE_PROMETHEUS") == "1":
+            pytest.fail("docker-compose not installed (apt-get install docker-compose)")
+        pytest.skip("docker-compose not installed")
+    env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "test-only"}
+    for profile in ([], ["--profile", "gpu", "--profile", "render"]):
+        r = subprocess.run([binary, "-f", str(COMPOSE / "docker-compose.yml"), *profile, "config", "-q"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+    # without a password, compose refuses: no undocumented default admin password
+    env.pop("GRAFANA_ADMIN_PASSWORD")
+    r = subprocess.run([binary, "-f", str(COMPOSE / "docker-compose.yml"), "config", "-q"],
+                       capture_output=True, text=True, env=env, timeout=120, cwd=COMPOSE)
+    assert r.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in r.stderr
+
+
+def test_compose_structure() -> None:
+    doc = _compose()
+    services = doc["services"]
+    assert {"prometheus", "grafana", "exporter", "vllm", "sglang", "loadgen", "dcgm-exporter", "renderer"} <= set(services)
+    # the load generator's plan is in the image (the Dockerfile copies examples/)
+    assert "/app/examples/plans/demo.yaml" in services["loadgen"]["command"][0]
+    assert (ROOT / "examples/plans/demo.yaml").exists() and "COPY examples" in (COMPOSE / "Dockerfile").read_text()
+    assert services["dcgm-exporter"]["profiles"] == ["gpu"] and services["renderer"]["profiles"] == ["render"]
+    for name, svc in services.items():
+        image = svc["image"]
+        assert ":" in image and not image.endswith(":latest"), (name, image)  # pinned
+        for port in svc.get("ports", []):
+            assert port.startswith("${BIND_ADDR:-127.0.0.1}:"), (name, port)  # loopback by default
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("."):
+                assert (COMPOSE / src).resolve().exists(), (name, src)  # every mounted path exists
+    env = services["grafana"]["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert "GRAFANA_ADMIN_PASSWORD=" in (COMPOSE / ".env.example").read_text()
+    assert env["GF_RENDERING_SERVER_URL"].startswith("http://renderer:")
+    build = services["exporter"]["build"]
+    assert (COMPOSE / build["context"] / build["dockerfile"]).exists()
+
+
+def test_compose_provisioning_matches_dashboards() -> None:
+    ds = yaml.safe_load((COMPOSE / "grafana/provisioning/datasources/prometheus.yaml").read_text())["datasources"][0]
+    assert ds["uid"] == DATASOURCE_UID and ds["url"] == "http://prometheus:9090"
+    prov = yaml.safe_load((COMPOSE / "grafana/provisioning/dashboards/llm-bench.yaml").read_text())["providers"][0]
+    mounts = dict(v.split(":")[:2][::-1] for v in _compose()["services"]["grafana"]["volumes"])
+    assert (COMPOSE / mounts[prov["options"]["path"]]).resolve() == GENERATED
+    prom = yaml.safe_load((ROOT / "prometheus/prometheus.yml").read_text())
+    targets = {j["job_name"]: j["static_configs"][0]["targets"][0] for j in prom["scrape_configs"]}
+    services = _compose()["services"]
+    for job, target in targets.items():
+        assert target.split(":")[0] in services, (job, target)
+    exporter_cfg = yaml.safe_load((COMPOSE / "exporter.yaml").read_text())
+    from exporter.proxy.config import validate
+
+    cfg = validate(exporter_cfg)
+    assert cfg.listen.endswith(":9464") and targets["llmbench-exporter"] == "exporter:9464"
+    assert {e.base_url for e in cfg.engines} == {"http://sglang:30000", "http://vllm:8000"}

@@ -1,0 +1,118 @@
+"""evidence export / decode / summarize, against the real Prometheus fed by the real exporter."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image as mpimg
+import pytest
+
+from dashboards.catalogue import BOARDS
+from dashboards.evidence.decode import decode_capture
+from dashboards.evidence.cli import main as evidence_main
+from dashboards.evidence.export import GRAFANA_TOKEN_ENV, verify_manifest
+from dashboards.evidence.promapi import Prometheus
+from dashboards.evidence.render import png_size
+from dashboards.evidence.summarize import summarize
+from dashboards.evidence.windows import WindowError, parse_window
+from exporter.harness.sim import FAULTS, build_params, create_sim_app
+
+from tests.helpers import INTENDED, read_records
+
+
+def test_export_unreachable_prometheus(tmp_path: Path, capsys: pytest.CaptureFixture[str], unused_tcp_port: int) -> None:
+    rc = evidence_main(["export", "--prometheus", f"http://127.0.0.1:{unused_tcp_port}", "--window", "last:5m",
+                        "--out", str(tmp_path)])
+    assert rc == 2 and "cannot reach Prometheus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "slow_first_byte"])
+async def test_decode_reproduces_proxy_verdict(aiohttp_server: Any, proxy_factory: Any, tmp_path: Path, fault: str) -> None:
+    sim = await aiohttp_server(create_sim_app(build_params("sglang", speed=50.0)))
+    proxy = await proxy_factory(sim.port, capture_raw_sse="all")
+    body = {"model": "m", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    resp = await proxy.post("/sglang/v1/completions", json=body, headers={"X-Sim-Fault": fault})
+    try:
+        await resp.read()
+    except Exception:
+        pass
+    rec, = read_records(tmp_path)
+    assert rec["reason"] == INTENDED[fault]
+    result = decode_capture(Path(rec["capture"]))
+    assert (result["verdict"], result["reason"]) == (rec["outcome"], rec["reason"])
+    assert result["ok"] and result["sha256"] == rec["capture_sha256"] and result["record_sha256_ok"]
+    assert result["completion_tokens"] == rec["completion_tokens"] and result["visible_chars"] == rec["visible_chars"]
+
+
+async def test_decode_success_and_broken_captures(aiohttp_server: Any, proxy_factory: Any, tmp_path: Path) -> None:
+    sim = await aiohttp_server(create_sim_app(build_params("vllm", speed=50.0)))
+    proxy = await proxy_factory(sim.port, capture_raw_sse="all")
+    body = {"prompt": "a b", "max_tokens": 4, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    await (await proxy.post("/vllm/v1/completions", json=body)).read()
+    rec, = read_records(tmp_path)
+    ok = decode_capture(Path(rec["capture"]))
+    assert ok["verdict"] == "success" and ok["done"] and ok["usage"] and abs(ok["ttft_s"] - rec["ttft_s"]) < 1e-3
+    sse = Path(rec["capture"])
+    truncated = tmp_path / "t.sse"
+    truncated.write_bytes(sse.read_bytes()[:-len(b"data: [DONE]\n\n")])
+    (tmp_path / "t.json").write_text(sse.with_suffix(".json").read_text())
+    corrupt = tmp_path / "c.json"
+    corrupt.write_text("{not json")
+    (tmp_path / "c.sse").write_bytes(b"")
+    proc = subprocess.run([sys.executable, "-m", "dashboards.evidence", "decode", str(sse), str(truncated),
+                           str(corrupt), str(tmp_path / "missing.sse"), "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    rows = json.loads(proc.stdout)
+    assert rows[0]["ok"] and rows[0]["verdict"] == "success"
+    assert not rows[1]["ok"] and rows[1]["reason"] == "missing_done" and not rows[1]["sha256_ok"]
+    assert any("truncated" in p for p in rows[1]["problems"])
+    assert rows[2]["verdict"] == "unreadable" and "not valid JSON" in rows[2]["reason"]
+    assert rows[3]["verdict"] == "unreadable" and "not found" in rows[3]["reason"]
+
+
+def _rec(engine: str, scenario: str, rnd: int, start: float, e2e: float, ttft: float | None, tpot: float | None,
+         tokens: int = 128, outcome: str = "success", reason: str | None = None) -> dict[str, Any]:
+    return {"engine": engine, "scenario": scenario, "round": rnd, "start_unix": start, "e2e_s": e2e, "ttft_s": ttft,
+            "tpot_s": tpot, "completion_tokens": tokens, "outcome": outcome, "reason": reason}
+
+
+def test_summarize_hand_computed(tmp_path: Path) -> None:
+    recs = [
+        # round 1: 4 requests over [0, 10] s, one empty_text failure -> 3 x 128 tokens / 10 s
+        _rec("vllm", "s", 1, 0.0, 4.0, 1.0, 0.010),
+        _rec("vllm", "s", 1, 1.0, 5.0, 2.0, 0.020),
+        _rec("vllm", "s", 1, 2.0, 6.0, 4.0, 0.060),
+        _rec("vllm", "s", 1, 3.0, 7.0, None, None, outcome="failure", reason="empty_text"),
+        # round 2: 2 successes over [100, 104] s
+        _rec("vllm", "s", 2, 100.0, 2.0, 0.5, 0.010),
+        _rec("vllm", "s", 2, 102.0, 2.0, 1.5, 0.030),
+        # round 3: 1 success over [200, 201] s
+        _rec("vllm", "s", 3, 200.0, 1.0, 0.2, 0.005),
+        _rec("vllm", "warmup", 0, 300.0, 1.0, 0.2, 0.005),  # warm-up is left out
+    ]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert evidence_main(["summarize", "--records", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    r1, r2, r3 = s["rounds"]
+    assert (r1["success"], r1["requests"], r1["failure_reasons"]) == (3, 4, {"empty_text": 1})
+    assert r1["duration_s"] == 10.0 and r1["output_throughput_tok_s"] == pytest.approx(38.4)
+    assert r1["ttft_p50_s"] == 2.0 and r1["ttft_p95_s"] == pytest.approx(2.0 + 0.9 * 2.0)  # (n-1)q = 1.9
+    assert r1["tpot_p95_s"] == pytest.approx(0.020 + 0.9 * 0.040)
+    assert r1["e2e_p95_s"] == pytest.approx(5.0 + 0.9 * 1.0)
+    assert r1["slo_attainment"] == pytest.approx(2 / 4)  # TTFT 4 s misses, the failure misses
+    assert r2["output_throughput_tok_s"] == pytest.approx(256 / 4.0) and r3["output_throughput_tok_s"] == 128.0
+    m, = s["medians"]
+    assert (m["rounds"], m["success"], m["requests"]) == (3, 6, 7)
+    assert m["output_throughput_tok_s"] == pytest.approx(64.0)  # median of 38.4, 64, 128
+    assert m["ttft_p95_s"] == pytest.approx(1.45)  # median of 3.8, 1.45, 0.2
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| vllm | s | 3 | 6 | 7 |" in md
+    assert (tmp_path / "out" / "rounds.csv").read_text().count("\n") == 4

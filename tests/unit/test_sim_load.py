@@ -1,0 +1,173 @@
+"""Simulated engines, the load driver, and their agreement with the proxy."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.core.analysis import RequestSpec, StreamAnalyzer
+from exporter.harness.load import Cell, Driver, Plan, Stage, load_plan
+from exporter.harness.sim import FAULTS, build_params, count_prompt_tokens, create_sim_app
+
+from tests.helpers import INTENDED, read_records
+
+@pytest.mark.parametrize("profile", ["vllm", "sglang"])
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("fault", list(INTENDED))
+async def test_sim_fault_gives_intended_verdict(aiohttp_client: Any, profile: str, chat: bool, fault: str | None) -> None:
+    client = await aiohttp_client(create_sim_app(build_params(profile, speed=50.0)))
+    body: dict[str, Any] = {"model": "m", "max_tokens": 6, "ignore_eos": True, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": "one two three"}]
+    else:
+        body["prompt"] = "one two three"
+    headers = {"X-Sim-Fault": fault} if fault else {}
+    resp = await client.post("/v1/chat/completions" if chat else "/v1/completions", json=body, headers=headers)
+    an = StreamAnalyzer(0.0, resp.status, RequestSpec(True, 6),
+                        streaming="text/event-stream" in resp.headers.get("Content-Type", ""))
+    error = None
+    try:
+        async for chunk in resp.content.iter_any():
+            an.feed(chunk, 0.1)
+    except Exception:  # the disconnect fault cuts the stream
+        error = "upstream_disconnect"
+    r = an.finish(0.2, error)
+    assert r.reason == INTENDED[fault], r.detail
+    if fault in (None, "slow_first_byte", "empty_text", "missing_done"):
+        assert (r.prompt_tokens, r.completion_tokens) == (3, 6)
+
+
+async def test_sim_engine_metrics_names(aiohttp_client: Any) -> None:
+    names = {
+        "vllm": ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+                 "vllm:request_queue_time_seconds_bucket", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"],
+        "sglang": ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+                   "sglang:time_to_first_token_seconds_bucket", "sglang:e2e_request_latency_seconds_bucket",
+                   "sglang:prompt_tokens_total", "sglang:generation_tokens_total"],
+    }
+    for profile, expected in names.items():
+        client = await aiohttp_client(create_sim_app(build_params(profile, speed=50.0)))
+        await (await client.post("/v1/completions", json={"prompt": "a b", "max_tokens": 2, "stream": True})).read()
+        text = await (await client.get("/metrics")).text()
+        for name in expected:
+            assert f"\n{name}{{" in text, (profile, name)
+        assert 'model_name="' in text
+        assert (await client.get("/health")).status == 200
+        models = await (await client.get("/v1/models")).json()
+        assert models["data"][0]["id"]
+
+
+def test_sim_params_validation(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="add up"):
+        build_params("vllm", fault_empty_text=0.7, fault_http_500=0.5)
+    with pytest.raises(ValueError, match="unknown profile"):
+        build_params("tgi")
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text("decode_base_s: 0.5\nbogus: 1\n")
+    with pytest.raises(ValueError, match="bogus"):
+        build_params("vllm", str(cfg))
+    cfg.write_text("decode_base_s: 0.5\n")
+    assert build_params("sglang", str(cfg), speed=2.0).decode_base_s == 0.5
+    assert count_prompt_tokens({"messages": [{"content": "a b"}, {"content": [{"type": "text", "text": "c"}]}]}) == 3
+
+
+async def test_driver_ttft_agrees_with_proxy_record(aiohttp_server: Any, proxy_factory: Any, tmp_path: Path) -> None:
+    sim = await aiohttp_server(create_sim_app(build_params("vllm", speed=5.0)))
+    proxy = await proxy_factory(sim.port)
+    base = str(proxy.make_url("/vllm"))
+    cell = Cell("short-c1", input_tokens=50, output_tokens=8, requests=12, concurrency=4, rounds=1)
+    async with Driver(base, tmp_path / "load") as driver:
+        summary = await driver.run_plan(Plan([Stage("core", [cell])]))
+    proxy_recs = {r["client_request_id"]: r for r in read_records(tmp_path)}
+    drv = [r for r in summary["cells"][0]["rounds"]]
+    assert drv[0]["success"] == 12
+    diffs = []
+    import json
+    for line in (tmp_path / "load" / "requests.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        prox = proxy_recs[rec["id"]]
+        assert prox["id"] == rec["proxy_id"] and prox["outcome"] == rec["outcome"] == "success"
+        assert (prox["scenario"], prox["round"]) == ("short-c1", 1)
+        diffs.append(rec["ttft_s"] - prox["ttft_s"])
+    assert len(diffs) == 12
+    assert statistics.median(diffs) >= 0  # the driver's t0 is earlier than the proxy's
+    assert statistics.median(diffs) < 0.005 and max(diffs) < 0.05
+
+
+async def test_plan_stop_rule(aiohttp_server: Any, tmp_path: Path) -> None:
+    sim = await aiohttp_server(create_sim_app(build_params("vllm", speed=50.0, fault_http_500=1.0)))
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(
+        "defaults: {input_tokens: 4, output_tokens: 2, requests: 2}\n"
+        "stages:\n"
+        "  - name: rate-sweep\n    stop_after_failed_rounds: 3\n    cells:\n"
+        "      - {scenario: r1, rate: 50, rounds: 2}\n"
+        "      - {scenario: r2, rate: 50, rounds: 2}\n"
+        "      - {scenario: r3, rate: 50, rounds: 2}\n"
+    )
+    plan = load_plan(plan_file)
+    async with Driver(f"http://127.0.0.1:{sim.port}", tmp_path / "out", model="m") as driver:
+        summary = await driver.run_plan(plan)
+    assert [c["cell"]["scenario"] for c in summary["cells"]] == ["r1", "r2"]
+    assert [len(c["rounds"]) for c in summary["cells"]] == [2, 1]
+    assert summary["stops"] == [{"stage": "rate-sweep", "after": "r2#1",
+                                 "reason": "3 consecutive rounds with a failed request", "skipped": ["r3"]}]
+    csv_lines = (tmp_path / "out" / "rounds.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + 3
+    assert summary["cells"][0]["median"]["success"] == 0 and summary["cells"][0]["median"]["requests"] == 4
+
+
+def test_plan_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "p.yaml"
+    bad.write_text("stages:\n  - cells:\n      - {scenario: x, input_tokens: 1, output_tokens: 1, requests: 1}\n")
+    with pytest.raises(ValueError, match="stages.0.cells.0: x: give exactly one of concurrency and rate"):
+        load_plan(bad)
+    bad.write_text("- 1\n")
+    with pytest.raises(ValueError, match="stages"):
+        load_plan(bad)
+
+
+def test_example_plans_load() -> None:
+    root = Path(__file__).resolve().parents[2] / "examples" / "plans"
+    seed = load_plan(root / "seed.yaml")
+    core, sweep = seed.stages
+    assert len(core.cells) == 12 and all(c.rounds == 3 and c.warmup == 2 for c in core.cells)
+    assert {(c.input_tokens, c.output_tokens) for c in core.cells} == {(1024, 128), (8192, 128), (1024, 512), (24576, 128)}
+    assert {c.concurrency: c.requests for c in core.cells} == {1: 8, 8: 16, 32: 64}
+    assert [c.rate for c in sweep.cells] == [0.3, 0.48, 0.66] and sweep.stop_after_failed_rounds == 3
+    assert all(c.requests == 200 and c.rounds == 3 for c in sweep.cells)
+    assert load_plan(root / "demo.yaml").stages
+
+
+async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
+    import asyncio
+    import sys
+
+    sim = await aiohttp_server(create_sim_app(build_params("sglang", speed=50.0)))
+
+    async def cli(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "exporter.cli", "load", "--base-url", f"http://127.0.0.1:{sim.port}", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+        return proc.returncode or 0, out.decode()
+
+    rc, out = await cli("--scenario", "short-c2", "--concurrency", "2", "--requests", "6", "--rounds", "2",
+                        "--input-tokens", "8", "--output-tokens", "4", "--chat", "--out", str(tmp_path / "o"),
+                        "--label", "sglang")
+    assert rc == 0, out
+    assert "success 12/12" in out
+    rows = (tmp_path / "o" / "rounds.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[1].startswith("sglang,adhoc,short-c2,1,6,6,0,")
+    rc, out = await cli("--rate", "5", "--requests", "3", "--input-tokens", "8", "--output-tokens", "4")
+    assert rc == 0 and "success 3/3" in out, out
+    rc, out = await cli("--concurrency", "2", "--input-tokens", "8")
+    assert rc == 2 and "--requests" in out and "Traceback" not in out
+    rc, out = await cli("--concurrency", "1", "--requests", "2", "--input-tokens", "8", "--output-tokens", "4",
+                        "--model", "m", "--base-url", "http://127.0.0.1:9")  # nothing listens there
+    assert rc == 1 and "no request succeeded" in out
