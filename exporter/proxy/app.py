@@ -19,16 +19,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from .config import Config, Engine
 from .exchange import Exchange, forward_headers, json_error
 from .gpu import GpuCollector, make_source, poll_forever
-from .scenarios import MAX_ROUND
-from .state import ProxyState
+from .scenario_api import scenario_handler
+from .state import CONFIG, STATE, ProxyState
 
 __all__ = ["create_app", "CONFIG", "STATE", "ProxyState"]
 
 log = logging.getLogger("llmbench.proxy")
 
 
-CONFIG = web.AppKey("config", Config)
-STATE = web.AppKey("state", ProxyState)
 
 
 async def _engine_handler(request: web.Request) -> web.StreamResponse:
@@ -55,26 +53,6 @@ async def _passthrough(state: ProxyState, request: web.Request, engine: Engine, 
                 return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         return json_error(502, f"{type(exc).__name__}: {exc}", "bad_gateway")
-
-
-async def _scenario_handler(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    try:
-        doc = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        return json_error(400, "body must be JSON: {\"scenario\": NAME, \"round\": N}", "invalid_request")
-    if not isinstance(doc, dict):
-        return json_error(400, "body must be a JSON object", "invalid_request")
-    name, rnd, engine = doc.get("scenario"), doc.get("round", 0), doc.get("engine")
-    if name is not None and (not isinstance(name, str) or not name):
-        return json_error(400, "scenario must be a non-empty string or null", "invalid_request")
-    if type(rnd) is not int or not 0 <= rnd <= MAX_ROUND:
-        return json_error(400, f"round must be an integer 0..{MAX_ROUND}", "invalid_request")
-    if engine is not None and state.config.engine(str(engine)) is None:
-        return json_error(400, "unknown engine", "invalid_request")
-    engines = state.scenarios.set(name, rnd, engine)
-    label = None if name is None else state.scenarios.label(name)
-    return web.json_response({"scenario": label, "round": rnd, "engines": engines})
 
 
 async def _metrics_handler(request: web.Request) -> web.Response:
@@ -139,7 +117,7 @@ def create_app(config: Config, registry: CollectorRegistry | None = None) -> web
     app.router.add_get("/metrics", _metrics_handler)
     app.router.add_get("/-/healthy", _healthy)
     app.router.add_get("/-/ready", _ready)
-    app.router.add_post("/-/scenario", _scenario_handler)
+    app.router.add_post("/-/scenario", scenario_handler)
     app.router.add_post(r"/{engine}/{path:v1/completions|v1/chat/completions}", _engine_handler)
     app.router.add_get(r"/{engine}/{path:v1/models}", _engine_handler)
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
@@ -13,7 +14,7 @@ from .metrics import ProxyMetrics
 from .records import JsonlWriter
 from .scenarios import ScenarioBoard
 
-__all__ = ["ProxyState", "MEASURED", "Observer"]
+__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE"]
 
 MEASURED = {"completions": "v1/completions", "chat": "v1/chat/completions"}
 
@@ -59,3 +60,7 @@ class ProxyState:
         for observer in self.observers:
             observer.close()
         self.scenario_log.close()
+
+
+CONFIG = web.AppKey("config", Config)
+STATE = web.AppKey("state", ProxyState)
