@@ -1,17 +1,36 @@
-"""Exact statistics over finished requests: percentiles, medians, round tables.
+"""Exact statistics over finished requests: percentiles, medians, round tables, noise.
 
 Shared by the load driver and ``evidence summarize`` so both report the same numbers.
 Percentiles interpolate linearly between closest ranks (NumPy's default, "type 7").
+
+Noise beside each median of rounds (:func:`median_of_rounds`):
+
+* ``spread``: the rounds' own min and max of each figure;
+* ``ci95``: a bootstrap 95% interval of the median of rounds, when the rounds' records are
+  given and there are at least :data:`MIN_BOOTSTRAP_REQUESTS` requests: the requests of
+  each round are resampled with replacement (the round's duration kept), each round's
+  figure recomputed, and the median over rounds taken, :data:`BOOTSTRAP_RESAMPLES` times
+  with a fixed seed (so a table is reproducible); the interval is the 2.5th to 97.5th
+  percentile of those medians.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["percentile", "median", "round_row", "median_of_rounds", "SloLike"]
+from .slo import slo_result
+
+__all__ = ["percentile", "median", "round_row", "median_of_rounds", "SloLike", "MEDIAN_KEYS",
+           "BOOTSTRAP_RESAMPLES", "MIN_BOOTSTRAP_REQUESTS"]
+
+#: Resamples per bootstrap interval, and the fewest requests (all rounds) that get one.
+BOOTSTRAP_RESAMPLES = 400
+MIN_BOOTSTRAP_REQUESTS = 30
+_SEED = 20261130
 
 
 class SloLike(Protocol):
@@ -41,41 +60,66 @@ def median(values: Iterable[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def round_row(records: Sequence[Mapping[str, Any]], duration_s: float | None = None, *,
-              slo: SloLike) -> dict[str, Any]:
-    """One round's table row from its request records (SPEC section 7).
+def _duration(records: Sequence[Mapping[str, Any]]) -> float:
+    starts = [r["start_unix"] for r in records if r.get("start_unix") is not None]
+    ends = [r["start_unix"] + (r.get("e2e_s") or 0.0) for r in records if r.get("start_unix") is not None]
+    return (max(ends) - min(starts)) if starts else 0.0
 
-    Throughput is success output tokens over the round's duration; failed requests stay
-    in the denominator of the success rate and in the duration.  SLO attainment counts a
-    failed request as a miss; TPOT attainment of a 1-token success counts as met.
-    """
-    ok = [r for r in records if r.get("outcome") == "success"]
-    total = len(records)
-    if duration_s is None:
-        starts = [r["start_unix"] for r in records if r.get("start_unix") is not None]
-        ends = [r["start_unix"] + (r.get("e2e_s") or 0.0) for r in records if r.get("start_unix") is not None]
-        duration_s = (max(ends) - min(starts)) if starts else 0.0
-    tokens = sum(r.get("completion_tokens") or 0 for r in ok)
-    ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
-    tpot = [r["tpot_s"] for r in ok if r.get("tpot_s") is not None]
-    e2e = [r["e2e_s"] for r in ok if r.get("e2e_s") is not None]
+
+def _reasons(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     reasons: dict[str, int] = {}
     for r in records:
         if r.get("outcome") != "success":
             key = r.get("reason") or "unknown"
             reasons[key] = reasons.get(key, 0) + 1
-    ttft_met = sum(1 for r in ok if r.get("ttft_s") is not None and r["ttft_s"] <= slo.ttft_s)
-    tpot_met = sum(1 for r in ok if r.get("tpot_s") is None or r["tpot_s"] <= slo.tpot_s)
-    both_met = sum(
-        1 for r in ok
-        if r.get("ttft_s") is not None and r["ttft_s"] <= slo.ttft_s
-        and (r.get("tpot_s") is None or r["tpot_s"] <= slo.tpot_s)
-    )
+    return reasons
+
+
+def _slo_figures(records: Sequence[Mapping[str, Any]], ok: Sequence[Mapping[str, Any]],
+                 duration_s: float, slo: SloLike) -> dict[str, Any]:
+    """SLO attainment and goodput (SPEC section 11): met / judged, judged = all but client_abort."""
+    total = len(records)
+    results = [slo_result(r.get("ttft_s"), r.get("tpot_s"), slo.ttft_s, slo.tpot_s) for r in ok]
+    ttft_met = sum(1 for x in results if x in ("met", "tpot_missed"))
+    tpot_met = sum(1 for x in results if x in ("met", "ttft_missed"))
+    met = [r for r, x in zip(ok, results) if x == "met"]
+    judged = sum(1 for r in records if r.get("outcome") != "client_abort")
+    goodput_tokens = sum(r.get("completion_tokens") or 0 for r in met)
+    return {
+        "slo_ttft_attainment": ttft_met / total if total else None,
+        "slo_tpot_attainment": tpot_met / total if total else None,
+        "slo_attainment": len(met) / total if total else None,
+        "judged": judged,
+        "slo_met": len(met),
+        "goodput_ratio": len(met) / judged if judged else None,
+        "goodput_output_tokens": goodput_tokens,
+        "goodput_tok_s": goodput_tokens / duration_s if duration_s > 0 else None,
+    }
+
+
+def round_row(records: Sequence[Mapping[str, Any]], duration_s: float | None = None, *,
+              slo: SloLike) -> dict[str, Any]:
+    """One round's table row from its request records (SPEC sections 7 and 11).
+
+    Throughput is success output tokens over the round's duration; failed requests stay
+    in the denominator of the success rate and in the duration.  SLO attainment counts a
+    failed request as a miss; TPOT attainment of a 1-token success counts as met.  Goodput
+    ratio = requests that met the SLO / judged requests (every outcome but client_abort).
+    """
+    ok = [r for r in records if r.get("outcome") == "success"]
+    total = len(records)
+    if duration_s is None:
+        duration_s = _duration(records)
+    tokens = sum(r.get("completion_tokens") or 0 for r in ok)
+    ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
+    tpot = [r["tpot_s"] for r in ok if r.get("tpot_s") is not None]
+    e2e = [r["e2e_s"] for r in ok if r.get("e2e_s") is not None]
     return {
         "requests": total,
         "success": len(ok),
         "failures": total - len(ok),
-        "failure_reasons": reasons,
+        "failure_reasons": _reasons(records),
+        "success_ratio": len(ok) / total if total else None,
         "duration_s": duration_s,
         "success_output_tokens": tokens,
         "output_throughput_tok_s": tokens / duration_s if duration_s > 0 else None,
@@ -84,27 +128,70 @@ def round_row(records: Sequence[Mapping[str, Any]], duration_s: float | None = N
         "tpot_p50_s": percentile(tpot, 50),
         "tpot_p95_s": percentile(tpot, 95),
         "e2e_p95_s": percentile(e2e, 95),
-        "slo_ttft_attainment": ttft_met / total if total else None,
-        "slo_tpot_attainment": tpot_met / total if total else None,
-        "slo_attainment": both_met / total if total else None,
+        **_slo_figures(records, ok, duration_s, slo),
     }
 
 
-_MEDIAN_KEYS = (
-    "duration_s", "output_throughput_tok_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
+#: The figures whose median over rounds the tables show (with spread and ci95 beside each).
+MEDIAN_KEYS = (
+    "duration_s", "success_ratio", "output_throughput_tok_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
     "tpot_p95_s", "e2e_p95_s", "slo_ttft_attainment", "slo_tpot_attainment", "slo_attainment",
+    "goodput_ratio", "goodput_tok_s",
 )
+_NO_CI = ("duration_s",)  # fixed per round: resampling requests does not move it
 
 
-def median_of_rounds(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Median of each figure over rounds; request and success counts add up (SPEC section 7)."""
+def _spread(rows: Sequence[Mapping[str, Any]], key: str) -> list[float] | None:
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    return [min(xs), max(xs)] if xs else None
+
+
+def _bootstrap(rows: Sequence[Mapping[str, Any]], rounds_records: Sequence[Sequence[Mapping[str, Any]]],
+               slo: SloLike) -> dict[str, list[float] | None]:
+    """Bootstrap 95% interval of the median over rounds of each key (see the module doc)."""
+    rng = random.Random(_SEED)
+    keys = [k for k in MEDIAN_KEYS if k not in _NO_CI]
+    medians: dict[str, list[float]] = {k: [] for k in keys}
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        resampled = [round_row(rng.choices(recs, k=len(recs)), row["duration_s"], slo=slo)
+                     for row, recs in zip(rows, rounds_records) if recs]
+        for k in keys:
+            m = median(r.get(k) for r in resampled)
+            if m is not None:
+                medians[k].append(m)
+    out: dict[str, list[float] | None] = {k: None for k in MEDIAN_KEYS}
+    for k, ms in medians.items():
+        if len(ms) >= BOOTSTRAP_RESAMPLES // 2:
+            lo, hi = percentile(ms, 2.5), percentile(ms, 97.5)
+            out[k] = [lo, hi] if lo is not None and hi is not None else None
+    return out
+
+
+def median_of_rounds(rows: Sequence[Mapping[str, Any]],
+                     rounds_records: Sequence[Sequence[Mapping[str, Any]]] | None = None, *,
+                     slo: SloLike | None = None) -> dict[str, Any]:
+    """Median of each figure over rounds; request and success counts add up (SPEC section 7).
+
+    Beside the medians: ``spread`` {key: [min, max] over rounds} and ``ci95`` {key: [lo, hi]
+    or None}; the interval needs ``rounds_records`` (each row's records, in order), ``slo``
+    and at least :data:`MIN_BOOTSTRAP_REQUESTS` requests in all.
+    """
     out: dict[str, Any] = {
         "rounds": len(rows),
         "rounds_passed": sum(1 for r in rows if r["failures"] == 0),
         "requests": sum(r["requests"] for r in rows),
         "success": sum(r["success"] for r in rows),
         "failures": sum(r["failures"] for r in rows),
+        "judged": sum(r.get("judged", r["requests"]) for r in rows),
+        "slo_met": sum(r.get("slo_met", 0) for r in rows),
     }
-    for key in _MEDIAN_KEYS:
+    for key in MEDIAN_KEYS:
         out[key] = median(r.get(key) for r in rows)
+    out["spread"] = {key: _spread(rows, key) for key in MEDIAN_KEYS}
+    enough = rounds_records is not None and slo is not None and len(rounds_records) == len(rows) \
+        and sum(len(x) for x in rounds_records) >= MIN_BOOTSTRAP_REQUESTS
+    if enough and rounds_records is not None and slo is not None:
+        out["ci95"] = _bootstrap(rows, rounds_records, slo)
+    else:
+        out["ci95"] = {key: None for key in MEDIAN_KEYS}
     return out
