@@ -1,4 +1,5 @@
-"""``python -m dashboards`` / ``llm-bench-exporter dashboards``: write the boards' JSON and the rules."""
+"""``python -m dashboards`` / ``llm-bench-exporter dashboards``: write the boards' JSON, the rules
+and the Kubernetes manifests."""
 
 from __future__ import annotations
 
@@ -8,14 +9,33 @@ from pathlib import Path
 from typing import Any
 
 from .boards import GENERATED, write_all
+from .k8s import K8S_DIR, InputError, write_k8s
 from .rules import RULES_FILE, write_rules
 
 
-def cmd_dashboards(args: argparse.Namespace) -> int:
-    for path in write_all(Path(args.out)):
+def _write(args: argparse.Namespace) -> None:
+    boards = write_all(Path(args.out))
+    for path in boards:
         print(path)
+    rules = RULES_FILE
     if args.rules:
-        print(write_rules(Path(args.rules)))
+        rules = write_rules(Path(args.rules))
+        print(rules)
+    if args.k8s:
+        for path in write_k8s(Path(args.k8s), boards, rules):
+            print(path)
+
+
+def cmd_dashboards(args: argparse.Namespace) -> int:
+    try:
+        _write(args)
+    except OSError as exc:  # a path that cannot be created or read: one line, no traceback
+        where = exc.filename if exc.filename is not None else "output"
+        print(f"llm-bench-exporter dashboards: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except InputError as exc:
+        print(f"llm-bench-exporter dashboards: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -24,6 +44,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default=str(GENERATED), help=f"directory (default: {GENERATED})")
     p.add_argument("--rules", nargs="?", const=str(RULES_FILE), default=None,
                    help=f"also write the recording and alert rules (default path: {RULES_FILE})")
+    p.add_argument("--k8s", nargs="?", const=str(K8S_DIR), default=None, metavar="DIR",
+                   help="also write Kubernetes manifests (Grafana dashboard ConfigMaps, PrometheusRule, "
+                        f"ServiceMonitor, the proxy's Deployment and Service) from the boards just written "
+                        f"and the rules file (default dir: {K8S_DIR})")
     p.set_defaults(func=cmd_dashboards)
 
 

@@ -38,7 +38,8 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["FIELDS", "GpuReading", "NvmlSource", "SimSource", "GpuCollector", "make_source", "poll_forever"]
+__all__ = ["FIELDS", "GpuReading", "NvmlSource", "SimSource", "GpuCollector", "make_source", "check_source",
+           "poll_forever"]
 
 log = logging.getLogger("llmbench.gpu")
 
@@ -197,6 +198,28 @@ class GpuCollector(Collector):
         self.snapshot = readings
         for gpu, name in errors:
             self.errors.labels(gpu, name).inc()
+
+
+def check_source(spec: str, module: ModuleType | None = None) -> str | None:
+    """Why the GPU source ``spec`` cannot start here (one line for the user), or None.
+
+    ``serve`` calls it before it starts: ``gpu: nvml`` on a machine without the library or the
+    driver refuses to start rather than serve on without the GPU board's data."""
+    if spec != "nvml":
+        return None
+    try:
+        nvml = module if module is not None else importlib.import_module("pynvml")
+    except ImportError:
+        return "gpu: nvml needs nvidia-ml-py (pip install 'llm-bench-exporter[nvml]'), or set gpu: off"
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ... all subclass NVMLError
+        return f"gpu: nvml cannot start, NVML failed to initialise: {exc} (no NVIDIA driver here? set gpu: off)"
+    try:
+        nvml.nvmlShutdown()
+    except Exception:  # the check passed; a failing shutdown changes nothing
+        pass
+    return None
 
 
 def make_source(spec: str, load: Callable[[], float]) -> Source | None:

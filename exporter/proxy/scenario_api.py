@@ -1,14 +1,37 @@
-"""``POST /-/scenario``: set or clear the active scenario round (SPEC section 2)."""
+"""``POST /-/scenario``: set or clear the active scenario round (SPEC section 2).
+
+``{"scenario": null}`` or ``{"scenario": "none"}`` clears; a name longer than
+:data:`~exporter.proxy.scenarios.MAX_NAME` characters is refused (400) and never echoed or logged.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
 from .exchange import json_error
-from .scenarios import MAX_ROUND
+from .scenarios import CLEAR, MAX_NAME, MAX_ROUND
 from .state import STATE
 
-__all__ = ["scenario_handler"]
+__all__ = ["scenario_handler", "check_request"]
+
+
+def check_request(doc: Any, engine_known: Callable[[str], bool]) -> str | None:
+    """Why a ``/-/scenario`` body is refused (a message that never repeats the input), or None."""
+    if not isinstance(doc, dict):
+        return "body must be a JSON object"
+    name, rnd, engine = doc.get("scenario"), doc.get("round", 0), doc.get("engine")
+    if name is not None and (not isinstance(name, str) or not name):
+        return "scenario must be a non-empty string, or null (or \"none\") to clear"
+    if isinstance(name, str) and len(name) > MAX_NAME:
+        return f"scenario name longer than {MAX_NAME} characters"
+    if type(rnd) is not int or not 0 <= rnd <= MAX_ROUND:
+        return f"round must be an integer 0..{MAX_ROUND}"
+    if engine is not None and not (isinstance(engine, str) and engine_known(engine)):
+        return "unknown engine"
+    return None
 
 
 async def scenario_handler(request: web.Request) -> web.Response:
@@ -17,15 +40,10 @@ async def scenario_handler(request: web.Request) -> web.Response:
         doc = await request.json()
     except (ValueError, UnicodeDecodeError):
         return json_error(400, "body must be JSON: {\"scenario\": NAME, \"round\": N}", "invalid_request")
-    if not isinstance(doc, dict):
-        return json_error(400, "body must be a JSON object", "invalid_request")
-    name, rnd, engine = doc.get("scenario"), doc.get("round", 0), doc.get("engine")
-    if name is not None and (not isinstance(name, str) or not name):
-        return json_error(400, "scenario must be a non-empty string or null", "invalid_request")
-    if type(rnd) is not int or not 0 <= rnd <= MAX_ROUND:
-        return json_error(400, f"round must be an integer 0..{MAX_ROUND}", "invalid_request")
-    if engine is not None and state.config.engine(str(engine)) is None:
-        return json_error(400, "unknown engine", "invalid_request")
-    engines = state.scenarios.set(name, rnd, engine)
-    label = None if name is None else state.scenarios.label(name)
+    problem = check_request(doc, lambda e: state.config.engine(e) is not None)
+    if problem is not None:
+        return json_error(400, problem, "invalid_request")
+    name, rnd = doc.get("scenario"), doc.get("round", 0)
+    engines = state.scenarios.set(name, rnd, doc.get("engine"))
+    label = None if name is None or name in CLEAR else state.scenarios.label(name)
     return web.json_response({"scenario": label, "round": rnd, "engines": engines})

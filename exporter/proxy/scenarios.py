@@ -1,23 +1,104 @@
-"""The scenario label: bounded to the configured names, with the active round per engine."""
+"""The scenario label: bounded to the configured names, with the active round per engine.
+
+Each round also leaves two gauges (SPEC section 16), so that a round shorter than a scrape
+interval can still be found from Prometheus alone:
+
+* ``llmbench_scenario_round_start_timestamp_seconds{engine, scenario, round}``: unix time it was set;
+* ``llmbench_scenario_round_end_timestamp_seconds{engine, scenario, round}``: unix time it was
+  cleared or replaced (absent while it runs).
+
+Only the last :data:`MAX_ROUNDS` rounds (``(scenario, round)`` pairs) keep their series; older
+ones are removed.  Under ``serve --workers N`` (prometheus_client's multiprocess mode) the
+timestamps aggregate with ``max`` across workers; that mode cannot remove a series, so there
+old rounds stay until restart.
+"""
 
 from __future__ import annotations
 
+import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
-from exporter.proxy.metrics import ProxyMetrics
+from prometheus_client import Gauge
+
 from exporter.core.timefmt import iso
+from exporter.proxy.metrics import ProxyMetrics
 from exporter.proxy.records import JsonlWriter
 
-__all__ = ["ScenarioBoard", "Active", "MAX_ROUND"]
+__all__ = ["ScenarioBoard", "Active", "MAX_ROUND", "MAX_NAME", "MAX_ROUNDS", "CLEAR"]
 
 MAX_ROUND = 1_000_000
+#: the longest scenario name accepted (as the config's ``scenarios`` entries)
+MAX_NAME = 128
+#: rounds whose start/end timestamp series are kept
+MAX_ROUNDS = 256
+#: ``POST /-/scenario`` names that clear the active scenario, as ``null`` does
+CLEAR = frozenset({"none"})
+
+_ROUND_LABELS = ("engine", "scenario", "round")
+
+
+def _multiprocess() -> bool:
+    return "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ
 
 
 @dataclass(frozen=True, slots=True)
 class Active:
     scenario: str
     round: int
+
+
+class RoundTimes:
+    """Start and end gauges of the last ``limit`` rounds."""
+
+    def __init__(self, metrics: ProxyMetrics, limit: int = MAX_ROUNDS) -> None:
+        registry = metrics.registry
+        self.start = Gauge(
+            "llmbench_scenario_round_start_timestamp_seconds",
+            "Unix time a scenario round was set (last 256 rounds).",
+            _ROUND_LABELS, registry=registry, multiprocess_mode="max",
+        )
+        self.end = Gauge(
+            "llmbench_scenario_round_end_timestamp_seconds",
+            "Unix time a scenario round was cleared or replaced (last 256 rounds).",
+            _ROUND_LABELS, registry=registry, multiprocess_mode="max",
+        )
+        self.limit = limit
+        self.removable = not _multiprocess()  # multiprocess mode cannot remove a series
+        # (scenario, round) -> {engine: has an end timestamp}, oldest first
+        self._rounds: OrderedDict[tuple[str, str], dict[str, bool]] = OrderedDict()
+
+    def started(self, engine: str, act: Active, now: float) -> None:
+        key = (act.scenario, str(act.round))
+        engines = self._rounds.pop(key, {})
+        self._rounds[key] = engines  # now the most recent
+        if engines.get(engine) and self.removable:
+            self.end.remove(engine, *key)  # a round run again has no end until it ends again
+        engines[engine] = False
+        self.start.labels(engine, *key).set(now)
+        self._evict()
+
+    def ended(self, engine: str, act: Active, now: float) -> None:
+        key = (act.scenario, str(act.round))
+        engines = self._rounds.get(key)
+        if engines is None:  # started by another worker of ``serve --workers N``
+            engines = self._rounds[key] = {}
+            self._evict()
+        engines[engine] = True
+        self.end.labels(engine, *key).set(now)
+
+    def _evict(self) -> None:
+        while len(self._rounds) > self.limit:
+            old, old_engines = self._rounds.popitem(last=False)
+            if self.removable:
+                for e, has_end in old_engines.items():
+                    self.start.remove(e, *old)  # a no-op where this process never set it
+                    if has_end:
+                        self.end.remove(e, *old)
+
+    def __len__(self) -> int:
+        return len(self._rounds)
 
 
 class ScenarioBoard:
@@ -33,6 +114,7 @@ class ScenarioBoard:
         self._active: dict[str, Active] = {}
         self._metrics = metrics
         self._log = log
+        self.rounds = RoundTimes(metrics)
 
     def label(self, name: str | None) -> str:
         if name is None:
@@ -53,23 +135,27 @@ class ScenarioBoard:
         return "none", None
 
     def set(self, scenario: str | None, round_: int, engine: str | None = None) -> list[str]:
-        """Activate (or with None clear) a scenario round for one engine or all of them."""
+        """Activate (or with None or ``"none"`` clear) a scenario round for one engine or all of them."""
+        if scenario in CLEAR:
+            scenario = None
         engines = [engine] if engine is not None else self._engines
         label = None if scenario is None else self.label(scenario)
+        now = time.time()
         for e in engines:
             old = self._active.pop(e, None)
             if old is not None:
                 self._metrics.scenario_info.remove(e, old.scenario, str(old.round))
+                self.rounds.ended(e, old, now)
             if label is not None:
-                self._active[e] = Active(label, round_)
+                self._active[e] = act = Active(label, round_)
                 self._metrics.scenario_info.labels(e, label, str(round_)).set(1)
-        now = time.time()
+                self.rounds.started(e, act, now)
         self._log.write({
             "time": iso(now, ms=True),
             "unix": round(now, 3),
             "engines": engines,
             "scenario": label,
-            "requested": scenario,
+            "requested": None if scenario is None else scenario[:MAX_NAME],
             "round": round_ if label is not None else None,
         })
         return engines

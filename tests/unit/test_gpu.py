@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.proxy.gpu import FIELDS, LABELS, GpuCollector, NvmlSource, SimSource, make_source
+from exporter.proxy.gpu import FIELDS, LABELS, GpuCollector, NvmlSource, SimSource, check_source, make_source
 
 from tests.helpers import metric_value
 
@@ -168,3 +171,47 @@ async def test_exporter_without_nvml_still_serves(upstream: Any, proxy_factory: 
     resp = await client.post("/vllm/v1/completions", json={"prompt": "x", "stream": True})
     assert resp.status == 200
     assert "NVML failed to initialise" in caplog.text
+
+
+# --- gpu: nvml must refuse to start without a driver (issue 12) -------------------------------
+
+@pytest.mark.parametrize("code, words", [(pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"),
+                                         (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "Library Not Found")])
+def test_check_source_names_the_nvml_failure(code: int, words: str) -> None:
+    line = check_source("nvml", fake_nvml(init_error=code))
+    assert line is not None and "\n" not in line
+    assert line.startswith("gpu: nvml") and words in line and "gpu: off" in line
+
+
+def test_check_source_without_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    line = check_source("nvml")
+    assert line is not None and "nvidia-ml-py" in line and "[nvml]" in line
+
+
+def test_check_source_passes_a_working_nvml_and_other_sources() -> None:
+    calls: list[str] = []
+    nvml = fake_nvml(1)
+    nvml.nvmlInit = lambda: calls.append("init")
+    nvml.nvmlShutdown = lambda: calls.append("shutdown")
+    assert check_source("nvml", nvml) is None and calls == ["init", "shutdown"]  # released again
+    assert check_source("off") is None and check_source("sim:4") is None
+
+
+_SERVE = Path(__file__).resolve().parents[2] / "exporter" / "proxy" / "serve.py"
+
+
+@pytest.mark.skipif("check_source" not in _SERVE.read_text(), reason="serve.py does not call gpu.check_source yet")
+@pytest.mark.skipif(check_source("nvml") is None, reason="NVML works here (a driver is installed)")
+def test_serve_refuses_nvml_without_a_driver(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"engines: [{{name: e, upstream: 'http://127.0.0.1:9'}}]\nrecords_dir: {tmp_path / 'run'}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "exporter.cli", "serve", "--config", str(cfg), "--gpu", "nvml",
+                          "--listen", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30,
+                         cwd=_SERVE.parents[2])
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gpu: nvml" in lines[0] and "NVML" in lines[0] and "Traceback" not in out.stderr
