@@ -1,4 +1,4 @@
-"""``evidence``: export Prometheus windows for reports, re-decode raw SSE, summarize rounds."""
+"""``evidence``: export Prometheus windows for reports, re-decode raw SSE, summarize and compare runs."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from exporter import __version__
 
 from dashboards.catalogue import BOARDS
 from .decode import decode_capture, format_row
-from .export import GRAFANA_TOKEN_ENV, ExportError, export
-from .promapi import Prometheus, PromError
-from .summarize import load_records, summarize, write_summary
+from .export import DEFAULT_STEP_S, GRAFANA_TOKEN_ENV, TARGET_POINTS, ExportError, export
+from .merge import MergeError, load_many
+from .outdir import OutDirError
+from .promapi import TOKEN_ENV, Prometheus, PromError, parse_header
 from .windows import WindowError, iso, parse_window
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 def _fail(msg: str) -> int:
@@ -25,15 +26,23 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _prom(args: argparse.Namespace) -> Prometheus:
+    headers = dict(parse_header(h) for h in args.header or [])
+    return Prometheus(args.prometheus, headers=headers)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    prom = Prometheus(args.prometheus)
     try:
+        prom = _prom(args)
         window = parse_window(args.window, prom=prom, records=Path(args.records) if args.records else None)
-        manifest = export(prom, window, Path(args.out), boards=args.boards, step=args.step, grafana=args.grafana)
-    except (WindowError, ExportError, PromError) as exc:
+        manifest = export(prom, window, Path(args.out), boards=args.boards, step=args.step, grafana=args.grafana,
+                          force=args.force)
+    except (ValueError, WindowError, ExportError, PromError) as exc:
         return _fail(str(exc))
-    print(f"window {iso(window.start)} to {iso(window.end)}, step {manifest['step_s']:g}s: "
-          f"{len(manifest['files'])} files in {args.out} (EVIDENCE.md, manifest.json)")
+    backend = manifest["prometheus"]["backend"]
+    print(f"window {iso(window.start)} to {iso(window.end)} ({window.source}), step {manifest['step_s']:g}s "
+          f"({manifest['step_note']}); backend {backend['name']} {backend.get('version') or ''}".rstrip()
+          + f": {len(manifest['files'])} files in {args.out} (EVIDENCE.md, manifest.json)")
     return 0
 
 
@@ -48,46 +57,95 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
+    from .summarize import summarize, write_summary
+
+    if len(args.records) > 1 and not args.out:
+        return _fail("several --records need --out DIR for the merged tables")
     try:
-        records = load_records(Path(args.records))
-    except (OSError, ValueError) as exc:
-        return _fail(str(exc))
-    if not records:
-        return _fail(f"no records in {args.records}")
-    prom = Prometheus(args.prometheus) if args.prometheus else None
-    try:
+        records, notes = load_many([Path(p) for p in args.records])
+        if not records:
+            return _fail(f"no records in {', '.join(args.records)}")
+        prom = _prom(args) if args.prometheus else None
         summary = summarize(records, prom)
-    except PromError as exc:
+        if len(args.records) > 1:
+            summary["sources"] = notes
+        out = Path(args.out) if args.out else Path(args.records[0]) / "summary"
+        paths = write_summary(summary, out)
+    except (MergeError, OutDirError, PromError, ValueError) as exc:
         return _fail(str(exc))
-    out = Path(args.out) if args.out else Path(args.records) / "summary"
-    paths = write_summary(summary, out)
     print((out / "summary.md").read_text(encoding="utf-8"))
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import CompareError, compare_dirs
+
+    try:
+        result = compare_dirs(Path(args.a), Path(args.b), Path(args.out), args.label_a, args.label_b,
+                              engine_a=args.engine_a, engine_b=args.engine_b)
+    except (CompareError, MergeError, OutDirError) as exc:
+        return _fail(str(exc))
+    print((Path(args.out) / "compare.md").read_text(encoding="utf-8"))
+    print("written: " + ", ".join(str(p) for p in result["files"]))
+    return 0
+
+
+def _prom_options(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--prometheus", required=required, metavar="URL",
+                   help="base URL of a Prometheus-compatible query API, path prefix included, e.g. "
+                        "http://127.0.0.1:9090 or http://vm:8428/prometheus"
+                        + ("" if required else " (default: none, no histogram check)")
+                        + f"; a bearer token is read from ${TOKEN_ENV}")
+    p.add_argument("--header", action="append", metavar="NAME:VALUE",
+                   help="extra HTTP header for the query API, repeatable, e.g. X-Scope-OrgID:team-a (default: none)")
+
+
+def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    e = sub.add_parser("export", help="pull every panel's query over a window into CSV/JSON, PNG, EVIDENCE.md")
+    _prom_options(e, required=True)
+    e.add_argument("--window", required=True,
+                   help="START,END (RFC 3339 with a timezone, or unix seconds), last:DURATION (e.g. last:30m), "
+                        "or scenario:NAME[#ROUND]")
+    e.add_argument("--out", required=True, metavar="DIR", help="output directory; must be new or empty")
+    e.add_argument("--force", action="store_true", help="clear a non-empty --out first (default: refuse it)")
+    e.add_argument("--boards", nargs="+", choices=sorted(BOARDS), help="boards to export (default: all)")
+    e.add_argument("--step", type=float, metavar="SECONDS",
+                   help=f"seconds between points (default: ~{TARGET_POINTS} points over the window, not below the "
+                        f"scrape interval, or {DEFAULT_STEP_S:g} s where the backend does not report it)")
+    e.add_argument("--records", metavar="DIR",
+                   help="records directory: scenario windows from its scenarios.jsonl, which wins over "
+                        "Prometheus (default: none, scenario windows from Prometheus)")
+    e.add_argument("--grafana", metavar="URL",
+                   help=f"Grafana URL: also fetch its PNGs, token in ${GRAFANA_TOKEN_ENV} (default: none)")
+    e.set_defaults(func=cmd_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="evidence", description=__doc__)
     p.add_argument("--version", action="version", version=__version__)
     sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("export", help="pull every panel's query over a window into CSV/JSON, PNG, EVIDENCE.md")
-    e.add_argument("--prometheus", required=True, help="Prometheus base URL")
-    e.add_argument("--window", required=True, help="START,END (RFC 3339 or unix), last:30m, scenario:NAME[#ROUND]")
-    e.add_argument("--out", required=True, help="output directory")
-    e.add_argument("--boards", nargs="+", choices=sorted(BOARDS), help="default: all")
-    e.add_argument("--step", type=float, help="seconds (default: ~1500 points, not below the scrape interval)")
-    e.add_argument("--records", help="records directory: resolve scenario windows from its scenarios.jsonl")
-    e.add_argument("--grafana", help=f"Grafana URL: also fetch its PNGs (token in ${GRAFANA_TOKEN_ENV})")
-    e.set_defaults(func=cmd_export)
+    _export_parser(sub)
     d = sub.add_parser("decode", help="re-decode raw SSE captures and judge them again")
     d.add_argument("captures", nargs="+", help="captures/<id>.sse or .json")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true",
+                   help="print one JSON document with every capture's verdict and checks (default: one line each)")
     d.set_defaults(func=cmd_decode)
-    s = sub.add_parser("summarize", help="round tables from requests.jsonl")
-    s.add_argument("--records", required=True, help="records directory or requests.jsonl")
-    s.add_argument("--prometheus", help="also compare histogram P95s with the exact ones")
-    s.add_argument("--out", help="output directory (default: RECORDS/summary)")
+    s = sub.add_parser("summarize", help="round tables from requests.jsonl; several --records merge exactly")
+    s.add_argument("--records", required=True, action="append", metavar="DIR",
+                   help="records directory or requests.jsonl, repeatable: the union of the requests is summarized")
+    _prom_options(s, required=False)
+    s.add_argument("--out", metavar="DIR", help="output directory (default: RECORDS/summary; needed with several --records)")
     s.set_defaults(func=cmd_summarize)
+    c = sub.add_parser("compare", help="compare two runs per scenario and metric, with a noise verdict")
+    c.add_argument("a", metavar="A", help="records directory (or requests.jsonl) of run A")
+    c.add_argument("b", metavar="B", help="records directory (or requests.jsonl) of run B")
+    c.add_argument("--out", required=True, metavar="DIR", help="output directory (compare.md, compare.csv, PNGs)")
+    c.add_argument("--label-a", default="A", metavar="NAME", help="name of run A; picks that engine when A holds several (default: A)")
+    c.add_argument("--label-b", default="B", metavar="NAME", help="name of run B; picks that engine when B holds several (default: B)")
+    c.add_argument("--engine-a", metavar="ENGINE", help="only this engine's records of A (default: the label's, or all)")
+    c.add_argument("--engine-b", metavar="ENGINE", help="only this engine's records of B (default: the label's, or all)")
+    c.set_defaults(func=cmd_compare)
     return p
 
 

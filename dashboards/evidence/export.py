@@ -22,7 +22,6 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,32 +30,23 @@ import requests
 from exporter import __version__
 
 from dashboards.catalogue import BOARDS, RATE_WINDOW, Board, Panel, expand
+from .outdir import OutDirError, check_out, prepare_out
 from .promapi import MAX_POINTS, Prometheus, PromError, parse_duration
 from .render import render_board
-from .windows import Window, iso
+from .report import QueryEvidence, evidence_markdown
+from .windows import Window, WindowError, check_not_future, iso
 
-__all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError"]
+__all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError",
+           "grid_start", "DEFAULT_STEP_S"]
 
 GRAFANA_TOKEN_ENV = "LLMBENCH_GRAFANA_TOKEN"
 TARGET_POINTS = 1500
+#: The step (and assumed scrape interval) when the backend does not tell its scrape interval.
+DEFAULT_STEP_S = 15.0
 
 
 class ExportError(Exception):
     """A failure the user can act on (exit status 2)."""
-
-
-@dataclass
-class QueryEvidence:
-    ref: str
-    expr: str
-    legend: str
-    series: list[dict[str, Any]] = field(default_factory=list)  # {"name", "labels", "times", "values"}
-    points: int = 0
-    nan: int = 0
-    empty_series: int = 0
-    gaps: list[tuple[float, float]] = field(default_factory=list)
-    first: float | None = None
-    last: float | None = None
 
 
 def _legend(fmt: str, labels: dict[str, str]) -> str:
@@ -64,17 +54,28 @@ def _legend(fmt: str, labels: dict[str, str]) -> str:
     return name or json.dumps(labels, sort_keys=True)
 
 
-def choose_step(window: Window, scrape_s: float, step: float | None) -> float:
-    """Default: about 1,500 points, never finer than the scrape interval; a given step is checked."""
+def choose_step(window: Window, scrape_s: float | None, step: float | None) -> tuple[float, str]:
+    """The step and a note on where it came from.  Default: about 1,500 points, never finer
+    than the scrape interval (or :data:`DEFAULT_STEP_S` where the backend does not tell it)."""
     if step is None:
-        return float(max(scrape_s, math.ceil(window.seconds / TARGET_POINTS), 1))
-    if step <= 0:
-        raise ExportError("--step must be positive")
+        floor = DEFAULT_STEP_S if scrape_s is None else scrape_s
+        chosen = float(max(floor, math.ceil(window.seconds / TARGET_POINTS), 1))
+        if scrape_s is None:
+            return chosen, (f"default: the backend does not report its scrape interval, so {DEFAULT_STEP_S:g} s "
+                            "or ~1,500 points is assumed; set --step to the scrape interval")
+        return chosen, f"default: ~{TARGET_POINTS} points, not below the scrape interval {scrape_s:g} s"
+    if not math.isfinite(step) or step <= 0:
+        raise ExportError(f"--step must be a positive number of seconds, not {step:g}")
     points = math.floor(window.seconds / step) + 1
     if points > MAX_POINTS:
         raise ExportError(f"--step {step:g}s gives {points} points per series over {window.seconds:.0f}s; "
                           f"Prometheus allows {MAX_POINTS}: use --step {math.ceil(window.seconds / (MAX_POINTS - 1))} or more")
-    return step
+    return step, "--step"
+
+
+def grid_start(window: Window, step: float) -> float:
+    """The first point of a grid of ``step`` that ends exactly on the window's end."""
+    return window.end - math.floor(window.seconds / step + 1e-9) * step
 
 
 def rate_window(scrape_s: float) -> str:
@@ -88,7 +89,7 @@ def _evidence(prom: Prometheus, panel: Panel, window: Window, step: float, rw: s
     for q in panel.queries:
         expr = expand(q.expr, range_s=window.seconds).replace(f"[{RATE_WINDOW}]", f"[{rw}]")
         ev = QueryEvidence(q.ref, expr, q.legend)
-        for s in prom.query_range(expr, window.start, window.end, step):
+        for s in prom.query_range(expr, grid_start(window, step), window.end, step):
             times = [float(t) for t, _ in s["values"]]
             values = [float(v) for _, v in s["values"]]
             ev.series.append({"name": _legend(q.legend, s["metric"]), "labels": s["metric"],
@@ -153,43 +154,6 @@ def _grafana(url: str, token: str, board_key: str, board: Board, window: Window,
     return paths
 
 
-def _fmt_t(t: float | None) -> str:
-    return "-" if t is None else f"{iso(t)} ({t:.0f})"
-
-
-def _markdown(window: Window, step: float, rw: str, build: dict[str, Any], results: dict[str, dict[str, list[QueryEvidence]]]) -> str:
-    lines = [
-        "# Monitoring evidence", "",
-        f"- Window: {iso(window.start)} to {iso(window.end)} (unix {window.start:.3f} to {window.end:.3f}, "
-        f"{window.seconds:.0f} s), from `{window.spec}`",
-        f"- Step: {step:g} s; rate window: {rw}" + ("" if rw == RATE_WINDOW else f" (widened from {RATE_WINDOW} for the scrape interval)"),
-        f"- Prometheus {build.get('version', '?')} (revision {build.get('revision', '?')}); llm-bench-exporter {__version__}",
-        "",
-    ]
-    for board_key, panels in results.items():
-        board = BOARDS[board_key]
-        lines += [f"## {board.title}", "", f"![{board.title}]({board_key}.png)", ""]
-        for panel in board.panels:
-            lines += [f"### {panel.title}", ""]
-            for ev in panels[panel.key]:
-                gaps = ", ".join(f"{iso(a)}–{iso(b)}" for a, b in ev.gaps[:10]) or "none"
-                if len(ev.gaps) > 10:
-                    gaps += f" (+{len(ev.gaps) - 10} more)"
-                lines += [
-                    "```promql", ev.expr, "```", "",
-                    "| series | points | NaN | empty series | gaps > 2 steps | first sample | last sample |",
-                    "|---|---|---|---|---|---|---|",
-                    f"| {len(ev.series)} | {ev.points} | {ev.nan} | {ev.empty_series} | {len(ev.gaps)} | "
-                    f"{_fmt_t(ev.first)} | {_fmt_t(ev.last)} |", "",
-                ]
-                if ev.gaps:
-                    lines += [f"Gaps: {gaps}", ""]
-                if not ev.series:
-                    lines += ["**No series in this window.**", ""]
-            lines += [f"Data: `data/{board_key}/{panel.key}.csv`, `data/{board_key}/{panel.key}.json`", ""]
-    return "\n".join(lines)
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -198,24 +162,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
-           grafana: str | None = None, progress: bool | None = None) -> dict[str, Any]:
-    """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message."""
-    progress = sys.stderr.isatty() if progress is None else progress
-    names = boards or list(BOARDS)
-    unknown = [b for b in names if b not in BOARDS]
-    if unknown:
-        raise ExportError(f"unknown boards {unknown}; choose from {sorted(BOARDS)}")
-    token = None
-    if grafana:
-        token = os.environ.get(GRAFANA_TOKEN_ENV)
-        if not token:
-            raise ExportError(f"--grafana needs a service-account token in the environment variable {GRAFANA_TOKEN_ENV}")
-    build = prom.buildinfo()
-    intervals = prom.scrape_intervals()
-    scrape_s = max(intervals.values(), default=15.0)
-    step = choose_step(window, min(intervals.values(), default=15.0), step)
-    rw = rate_window(scrape_s)
+def _query_all(prom: Prometheus, names: list[str], window: Window, step: float, rw: str,
+               progress: bool) -> dict[str, dict[str, list[QueryEvidence]]]:
     results: dict[str, dict[str, list[QueryEvidence]]] = {}
     total = sum(len(BOARDS[b].panels) for b in names)
     done = 0
@@ -230,9 +178,22 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     if progress:
         sys.stderr.write("\n")
     if not any(ev.points - ev.nan for panels in results.values() for evs in panels.values() for ev in evs):
-        raise ExportError(f"no data in the window {iso(window.start)} to {iso(window.end)}: "
-                          "check the window and that Prometheus scraped the exporter then")
-    out.mkdir(parents=True, exist_ok=True)
+        raise ExportError(f"no samples in the window {iso(window.start)} to {iso(window.end)}: every panel is empty; "
+                          "check the window and that the backend scraped (or received) the exporter then")
+    return results
+
+
+def _grafana_token(grafana: str | None) -> str | None:
+    if not grafana:
+        return None
+    token = os.environ.get(GRAFANA_TOKEN_ENV)
+    if not token:
+        raise ExportError(f"--grafana needs a service-account token in the environment variable {GRAFANA_TOKEN_ENV}")
+    return token
+
+
+def _write_all(out: Path, results: dict[str, dict[str, list[QueryEvidence]]], window: Window, step: float,
+               rw: str, grafana: str | None, token: str | None) -> list[Path]:
     files: list[Path] = []
     for b, panels in results.items():
         board = BOARDS[b]
@@ -243,16 +204,49 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
                                   subtitle=f"step {step:g} s, rate window {rw}"))
         if grafana and token:
             files += _grafana(grafana, token, b, board, window, out)
+    return files
+
+
+def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
+           grafana: str | None = None, progress: bool | None = None, force: bool = False) -> dict[str, Any]:
+    """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message."""
+    progress = sys.stderr.isatty() if progress is None else progress
+    names = boards or list(BOARDS)
+    unknown = [b for b in names if b not in BOARDS]
+    if unknown:
+        raise ExportError(f"unknown boards {unknown}; choose from {sorted(BOARDS)}")
+    try:
+        check_not_future(window)
+        check_out(out, force)
+    except (WindowError, OutDirError) as exc:
+        raise ExportError(str(exc)) from None
+    if step is not None:
+        choose_step(window, None, step)  # a bad --step is refused before any query
+    token = _grafana_token(grafana)
+    backend = prom.backend()
+    if backend["name"] == "VictoriaMetrics":
+        prom.extra_params["nocache"] = "1"  # no response cache: it would round the grid to step multiples
+    intervals = prom.scrape_intervals()
+    step, step_note = choose_step(window, min(intervals.values()) if intervals else None, step)
+    rw = rate_window(max(intervals.values(), default=DEFAULT_STEP_S))
+    results = _query_all(prom, names, window, step, rw, progress)
+    try:
+        prepare_out(out, force)
+    except OutDirError as exc:
+        raise ExportError(str(exc)) from None
+    files = _write_all(out, results, window, step, rw, grafana, token)
     md = out / "EVIDENCE.md"
-    md.write_text(_markdown(window, step, rw, build, results), encoding="utf-8")
+    md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results), encoding="utf-8")
     files.append(md)
     manifest = {
         "tool": "llm-bench-exporter evidence", "version": __version__,
         "created_utc": iso(time.time()),
-        "prometheus": {"url": prom.url, "buildinfo": build, "scrape_intervals_s": intervals},
-        "window": {"spec": window.spec, "start": window.start, "end": window.end,
+        "prometheus": {"url": prom.url, "backend": backend, "buildinfo": prom.buildinfo(),
+                       "headers": prom.header_names, "scrape_intervals_s": intervals},
+        "window": {"spec": window.spec, "source": window.source, "start": window.start, "end": window.end,
                    "start_utc": iso(window.start), "end_utc": iso(window.end)},
-        "step_s": step, "rate_window": rw, "boards": names,
+        "step_s": step, "step_note": step_note, "grid_start": grid_start(window, step),
+        "rate_window": rw, "boards": names,
         "files": [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": _sha256(p)}
                   for p in sorted(files)],
     }

@@ -1,10 +1,13 @@
-"""``evidence summarize``: the seed's round tables from ``requests.jsonl``.
+"""``evidence summarize``: the seed's round tables from one or several ``requests.jsonl``.
 
 Rows by engine × scenario × round (success / total, exact TTFT and TPOT P50/P95, E2E P95,
-success output throughput, SLO attainment), then the median of rounds per engine ×
-scenario.  With Prometheus, each engine × scenario also gets the histogram-estimated P95
-over the same window beside the exact P95, with the relative error: how far to trust the
-boards' P95 curves.
+success output throughput, SLO attainment, goodput), then the median of rounds per engine ×
+scenario with the rounds' spread (min–max) and, with enough requests, a bootstrap 95%
+interval beside each median; engines side by side per scenario with a noise verdict; the
+TTFT variants (``ttft_s``, ``ttfb_s``, ``ttfe_s``) where the records carry them.  Several
+records directories (several proxies) merge exactly: the union of their requests.  With
+Prometheus, each engine × scenario also gets the histogram-estimated P95 over the same
+window beside the exact P95, with the relative error: how far to trust the boards' P95 curves.
 """
 
 from __future__ import annotations
@@ -12,64 +15,96 @@ from __future__ import annotations
 import csv
 import json
 from collections import defaultdict
+from collections.abc import Sequence
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from exporter.core.stats import median_of_rounds, percentile, round_row
+from exporter.core.stats import SloLike, median_of_rounds, percentile, round_row
 from exporter.proxy.config import DEFAULT_SLO
 
+from .merge import load_records
+from .noise import METRICS, RULE, delta_pct, verdict
+from .outdir import make_dir
 from .promapi import Prometheus
+from .summary_md import summary_markdown
 
-__all__ = ["load_records", "summarize", "write_summary", "HISTOGRAMS"]
+__all__ = ["load_records", "summarize", "write_summary", "HISTOGRAMS", "TTFT_VARIANTS"]
 
 HISTOGRAMS = {"ttft": ("llmbench_time_to_first_token_seconds", "ttft_s"),
               "tpot": ("llmbench_time_per_output_token_seconds", "tpot_s"),
               "e2e": ("llmbench_e2e_request_latency_seconds", "e2e_s")}
+#: SPEC section 12: first visible text, first body byte, first event with choices.
+TTFT_VARIANTS = ("ttft_s", "ttfb_s", "ttfe_s")
 SKIP_SCENARIOS = frozenset({"warmup"})
-
-
-def load_records(path: Path) -> list[dict[str, Any]]:
-    """Records from a directory's ``requests.jsonl`` (or the file itself); bad lines are reported."""
-    file = path / "requests.jsonl" if path.is_dir() else path
-    records = []
-    with open(file, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                raise ValueError(f"{file}:{n}: not a JSON line") from None
-    return records
+Groups = dict[tuple[str, str, Any], list[dict[str, Any]]]
 
 
 def _end(r: dict[str, Any]) -> float:
     return float(r["start_unix"]) + float(r.get("e2e_s") or 0.0)
 
 
-def summarize(records: list[dict[str, Any]], prom: Prometheus | None = None,
-              scrape_s: float = 5.0) -> dict[str, Any]:
-    groups: dict[tuple[str, str, Any], list[dict[str, Any]]] = defaultdict(list)
+def _groups(records: Sequence[dict[str, Any]]) -> Groups:
+    groups: Groups = defaultdict(list)
     for r in records:
         if r.get("scenario") in SKIP_SCENARIOS or r.get("start_unix") is None:
             continue
-        groups[(r["engine"], r["scenario"], r.get("round"))].append(r)
-    rows = []
-    for (engine, scenario, rnd), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
-        rows.append({"engine": engine, "scenario": scenario, "round": rnd, **round_row(recs, slo=DEFAULT_SLO)})
-    medians = []
-    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_cell[(row["engine"], row["scenario"])].append(row)
-    for (engine, scenario), cell_rows in by_cell.items():
-        medians.append({"engine": engine, "scenario": scenario, **median_of_rounds(cell_rows)})
-    out: dict[str, Any] = {"rounds": rows, "medians": medians}
+        groups[(str(r.get("engine")), str(r.get("scenario")), r.get("round"))].append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))))
+
+
+def summarize(records: Sequence[dict[str, Any]], prom: Prometheus | None = None,
+              scrape_s: float = 5.0, slo: SloLike = DEFAULT_SLO) -> dict[str, Any]:
+    groups = _groups(records)
+    rows = [{"engine": e, "scenario": s, "round": rnd, **round_row(recs, slo=slo)}
+            for (e, s, rnd), recs in groups.items()]
+    by_cell: dict[tuple[str, str], list[tuple[dict[str, Any], list[dict[str, Any]]]]] = defaultdict(list)
+    for row, recs in zip(rows, groups.values()):
+        by_cell[(row["engine"], row["scenario"])].append((row, recs))
+    medians = [{"engine": e, "scenario": s,
+                **median_of_rounds([r for r, _ in pairs], [recs for _, recs in pairs], slo=slo)}
+               for (e, s), pairs in by_cell.items()]
+    out: dict[str, Any] = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "rounds": rows, "medians": medians,
+                           "engines_compared": _engines_compared(medians), "noise_rule": RULE,
+                           "ttft_variants": _ttft_variants(groups)}
     if prom is not None:
         out["histogram_vs_exact"] = _compare(prom, groups, scrape_s)
     return out
 
 
-def _compare(prom: Prometheus, groups: dict[tuple[str, str, Any], list[dict[str, Any]]], scrape_s: float) -> list[dict[str, Any]]:
+def _engines_compared(medians: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario, each pair of engines (A, B in name order) with B's verdict against A."""
+    by_scenario: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for m in medians:
+        by_scenario[m["scenario"]].append(m)
+    rows = []
+    for scenario, ms in sorted(by_scenario.items()):
+        for a, b in combinations(sorted(ms, key=lambda m: m["engine"]), 2):
+            for metric in METRICS:
+                rows.append({"scenario": scenario, "metric": metric.key, "a": a["engine"], "b": b["engine"],
+                             "value_a": a.get(metric.key), "value_b": b.get(metric.key),
+                             "delta_pct": delta_pct(a.get(metric.key), b.get(metric.key)),
+                             "verdict": verdict(a, b, metric)})
+    return rows
+
+
+def _ttft_variants(groups: Groups) -> list[dict[str, Any]]:
+    """P50/P95 of each TTFT variant over successful requests (None where records lack it)."""
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for (engine, scenario, _), recs in groups.items():
+        cells[(engine, scenario)].extend(r for r in recs if r.get("outcome") == "success")
+    rows = []
+    for (engine, scenario), ok in sorted(cells.items()):
+        row: dict[str, Any] = {"engine": engine, "scenario": scenario, "success": len(ok)}
+        for key in TTFT_VARIANTS:
+            xs = [float(r[key]) for r in ok if r.get(key) is not None]
+            name = key[:-2]
+            row.update({f"{name}_n": len(xs), f"{name}_p50_s": percentile(xs, 50), f"{name}_p95_s": percentile(xs, 95)})
+        rows.append(row)
+    return rows
+
+
+def _compare(prom: Prometheus, groups: Groups, scrape_s: float) -> list[dict[str, Any]]:
     cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for (engine, scenario, _), recs in groups.items():
         cells[(engine, scenario)].extend(recs)
@@ -94,52 +129,39 @@ def _compare(prom: Prometheus, groups: dict[tuple[str, str, Any], list[dict[str,
     return rows
 
 
-_ROUND_COLS = ["engine", "scenario", "round", "success", "requests", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
-               "tpot_p95_s", "e2e_p95_s", "output_throughput_tok_s", "slo_attainment", "failure_reasons"]
-_MEDIAN_COLS = ["engine", "scenario", "rounds", "success", "requests", "ttft_p95_s", "tpot_p95_s", "e2e_p95_s",
-                "output_throughput_tok_s", "slo_attainment"]
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """A CSV row: spread and ci95 as ``KEY_min``/``KEY_max``/``KEY_ci95_lo``/``KEY_ci95_hi``."""
+    out = {k: v for k, v in row.items() if k not in ("spread", "ci95")}
+    for key, pair in (row.get("spread") or {}).items():
+        out[f"{key}_min"], out[f"{key}_max"] = pair if pair else (None, None)
+    for key, pair in (row.get("ci95") or {}).items():
+        out[f"{key}_ci95_lo"], out[f"{key}_ci95_hi"] = pair if pair else (None, None)
+    return out
 
 
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, dict):
-        return ", ".join(f"{k} {n}" for k, n in sorted(v.items())) or "-"
-    return str(v)
-
-
-def _md_table(rows: list[dict[str, Any]], cols: list[str]) -> list[str]:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return lines
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    flat = [_flat(r) for r in rows]
+    cols = list(flat[0]) if flat else []
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, cols)
+        w.writeheader()
+        for r in flat:
+            w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+    """CSV tables, ``summary.json`` and ``summary.md`` under ``out`` (OutDirError if it cannot be made)."""
+    make_dir(out)
     paths = []
-    for name, rows in (("rounds", summary["rounds"]), ("medians", summary["medians"]),
-                       ("histogram_vs_exact", summary.get("histogram_vs_exact"))):
+    for name in ("rounds", "medians", "engines_compared", "ttft_variants", "histogram_vs_exact"):
+        rows = summary.get(name)
         if rows is None:
             continue
         path = out / f"{name}.csv"
-        cols = list(rows[0]) if rows else []
-        with open(path, "w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, cols)
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in r.items()})
+        _write_csv(path, rows)
         paths.append(path)
     js = out / "summary.json"
     js.write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    md = ["# Round tables", "", "Median of rounds per engine × scenario (success counts add up over rounds):", ""]
-    md += _md_table(summary["medians"], _MEDIAN_COLS)
-    md += ["", "Rounds:", ""] + _md_table(summary["rounds"], _ROUND_COLS)
-    if summary.get("histogram_vs_exact"):
-        cols = ["engine", "scenario"] + [f"{k}_p95_{x}" for k in HISTOGRAMS for x in ("exact_s", "histogram_s", "rel_error")]
-        md += ["", "Histogram-estimated P95 (Prometheus) beside the exact P95 of the same requests:", ""]
-        md += _md_table(summary["histogram_vs_exact"], cols)
     mdp = out / "summary.md"
-    mdp.write_text("\n".join(md) + "\n", encoding="utf-8")
+    mdp.write_text(summary_markdown(summary), encoding="utf-8")
     return [*paths, js, mdp]

@@ -1,18 +1,34 @@
-"""Evidence windows: ``START,END``, ``last:30m`` or ``scenario:NAME[#ROUND]``, made absolute."""
+"""Evidence windows: ``START,END``, ``last:30m`` or ``scenario:NAME[#ROUND]``, made absolute.
+
+A scenario window comes, first that applies, from:
+
+1. ``--records``: the proxy's ``scenarios.jsonl`` (exact: the times the scenario was set);
+2. Prometheus's round timestamp gauges ``llmbench_scenario_round_start_timestamp_seconds`` /
+   ``llmbench_scenario_round_end_timestamp_seconds`` (exact to the proxy's clock; a round
+   shorter than a scrape interval is still found, SPEC section 16);
+3. samples of ``llmbench_scenario_info`` (proxies without those gauges; to a scrape interval).
+
+:attr:`Window.source` says which, and the export writes it down.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 from exporter.core.timefmt import iso
 
 from .promapi import Prometheus, parse_duration
 
-__all__ = ["Window", "WindowError", "parse_window", "iso"]
+__all__ = ["Window", "WindowError", "parse_window", "iso", "check_not_future", "START_GAUGE", "END_GAUGE"]
+
+START_GAUGE = "llmbench_scenario_round_start_timestamp_seconds"
+END_GAUGE = "llmbench_scenario_round_end_timestamp_seconds"
+#: How far into the future a window may end (clock skew between hosts), in seconds.
+FUTURE_SLACK_S = 5.0
 
 
 class WindowError(Exception):
@@ -24,6 +40,7 @@ class Window:
     start: float
     end: float
     spec: str
+    source: str = "given"
 
     @property
     def seconds(self) -> float:
@@ -45,6 +62,15 @@ def _instant(text: str) -> float:
     return dt.timestamp()
 
 
+def check_not_future(window: Window, now: float | None = None) -> None:
+    """Refuse a window that starts or ends in the future: it can hold no samples."""
+    now = time.time() if now is None else now
+    if window.start >= now:
+        raise WindowError(f"the window starts in the future ({iso(window.start)}, now {iso(now)}): no samples can be there")
+    if window.end > now + FUTURE_SLACK_S:
+        raise WindowError(f"the window ends in the future ({iso(window.end)}, now {iso(now)}): end it at now or earlier")
+
+
 def parse_window(spec: str, prom: Prometheus | None = None, records: Path | None = None,
                  now: float | None = None, lookback_s: float = 6 * 3600) -> Window:
     """Resolve a window spec to absolute unix times."""
@@ -54,28 +80,39 @@ def parse_window(spec: str, prom: Prometheus | None = None, records: Path | None
             span = parse_duration(spec[5:])
         except ValueError as exc:
             raise WindowError(str(exc)) from None
-        return Window(now - span, now, spec)
+        if span <= 0:
+            raise WindowError(f"empty window {spec!r}: give a duration above zero, e.g. last:30m")
+        return Window(now - span, now, spec, "last")
     if spec.startswith("scenario:"):
-        name, _, rnd = spec[9:].partition("#")
-        if not name or (rnd and not rnd.isdigit()):
-            raise WindowError(f"bad scenario window {spec!r}: expected scenario:NAME or scenario:NAME#ROUND")
-        if records is not None:
-            start, end = _from_records(records, name, rnd or None)
-        elif prom is not None:
-            start, end = _from_prometheus(prom, name, rnd or None, now, lookback_s)
-        else:
-            raise WindowError("a scenario window needs --prometheus or --records")
-        return Window(start, end, spec)
+        return _scenario_window(spec, prom, records, now, lookback_s)
     first, sep, second = spec.partition(",")
     if not sep:
         raise WindowError(f"bad window {spec!r}: use START,END, last:DURATION or scenario:NAME[#ROUND]")
     start, end = _instant(first), _instant(second)
     if end <= start:
         raise WindowError(f"window ends before it starts: {spec!r}")
-    return Window(start, end, spec)
+    return Window(start, end, spec, "given")
 
 
-def _from_records(records: Path, name: str, rnd: str | None) -> tuple[float, float]:
+def _scenario_window(spec: str, prom: Prometheus | None, records: Path | None, now: float,
+                     lookback_s: float) -> Window:
+    name, _, rnd = spec[9:].partition("#")
+    if not name or (rnd and not rnd.isdigit()):
+        raise WindowError(f"bad scenario window {spec!r}: expected scenario:NAME or scenario:NAME#ROUND")
+    round_ = rnd or None
+    if records is not None:
+        start, end = _from_records(records, name, round_, now)
+        return Window(start, end, spec, f"records ({records})")
+    if prom is None:
+        raise WindowError("a scenario window needs --prometheus or --records")
+    found = _from_gauges(prom, name, round_, now, lookback_s)
+    if found is not None:
+        return Window(found[0], found[1], spec, f"Prometheus ({START_GAUGE} / {END_GAUGE})")
+    start, end = _from_scenario_info(prom, name, round_, now, lookback_s)
+    return Window(start, end, spec, "Prometheus (llmbench_scenario_info samples, to a scrape interval)")
+
+
+def _from_records(records: Path, name: str, rnd: str | None, now: float) -> tuple[float, float]:
     """Scenario windows from ``scenarios.jsonl``: from the event that set it to the next change."""
     path = records / "scenarios.jsonl" if records.is_dir() else records
     try:
@@ -94,13 +131,40 @@ def _from_records(records: Path, name: str, rnd: str | None) -> tuple[float, flo
             open_at[engine] = (t, ours)
     for opened, still_ours in open_at.values():
         if still_ours:
-            spans.append((opened, time.time()))
+            spans.append((opened, now))
     if not spans:
         raise WindowError(f"unknown scenario {name}{'#' + rnd if rnd else ''}: not in {path}")
     return min(s for s, _ in spans), max(e for _, e in spans)
 
 
-def _from_prometheus(prom: Prometheus, name: str, rnd: str | None, now: float, lookback_s: float) -> tuple[float, float]:
+def _gauge_values(prom: Prometheus, metric: str, sel: str, now: float, lookback_s: float) -> dict[tuple[str, ...], float]:
+    """The latest value of each series of a timestamp gauge in the lookback, keyed by its labels."""
+    expr = f"last_over_time({metric}{{{sel}}}[{int(lookback_s)}s])"
+    out = {}
+    for s in prom.query(expr, at=now):
+        labels = s["metric"]
+        key = tuple(labels.get(k, "") for k in ("instance", "engine", "scenario", "round"))
+        out[key] = float(s["value"][1])
+    return out
+
+
+def _from_gauges(prom: Prometheus, name: str, rnd: str | None, now: float,
+                 lookback_s: float) -> tuple[float, float] | None:
+    """Rounds' start to end from the timestamp gauges; an open round ends now."""
+    sel = f'scenario="{name}"' + (f', round="{rnd}"' if rnd else "")
+    starts = _gauge_values(prom, START_GAUGE, sel, now, lookback_s)
+    if not starts:
+        return None
+    ends = _gauge_values(prom, END_GAUGE, sel, now, lookback_s)
+    spans = []
+    for key, start in starts.items():
+        end = ends.get(key)
+        spans.append((start, end if end is not None and end >= start else now))
+    return min(s for s, _ in spans), max(e for _, e in spans)
+
+
+def _from_scenario_info(prom: Prometheus, name: str, rnd: str | None, now: float,
+                        lookback_s: float) -> tuple[float, float]:
     """First and last sample of ``llmbench_scenario_info`` for the scenario (round), to 1 s."""
     sel = f'scenario="{name}"' + (f', round="{rnd}"' if rnd else "")
     expr = f"max(llmbench_scenario_info{{{sel}}})"
@@ -108,8 +172,8 @@ def _from_prometheus(prom: Prometheus, name: str, rnd: str | None, now: float, l
     series = prom.query_range(expr, now - lookback_s, now, coarse)
     stamps = [float(t) for s in series for t, _ in s["values"]]
     if not stamps:
-        raise WindowError(f"unknown scenario {name}{'#' + rnd if rnd else ''}: no llmbench_scenario_info "
-                          f"samples in the last {lookback_s / 3600:g} h")
+        raise WindowError(f"unknown scenario {name}{'#' + rnd if rnd else ''}: no {START_GAUGE} nor "
+                          f"llmbench_scenario_info samples in the last {lookback_s / 3600:g} h")
     lo, hi = min(stamps) - coarse, max(stamps) + coarse
     fine = prom.query_range(expr, lo, hi, max(1.0, (hi - lo) / 10_000))
     stamps = [float(t) for s in fine for t, _ in s["values"]] or stamps

@@ -14,7 +14,7 @@ from typing import Any
 import matplotlib.image as mpimg
 import pytest
 
-from dashboards.catalogue import BOARDS
+from dashboards.catalogue import BOARDS, PANELS, expand
 from dashboards.evidence.decode import decode_capture
 from dashboards.evidence.cli import main as evidence_main
 from dashboards.evidence.export import GRAFANA_TOKEN_ENV, verify_manifest
@@ -43,12 +43,13 @@ def test_export_writes_every_file_and_the_manifest_verifies(live_stack: Any, tmp
     assert "EVIDENCE.md" in listed
     assert {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} == listed | {"manifest.json"}
     assert verify_manifest(out) == []
+    assert manifest["window"]["source"] == "given" and manifest["grid_start"] <= manifest["window"]["start"] + manifest["step_s"]
     assert manifest["prometheus"]["buildinfo"]["version"] and manifest["version"]
     assert manifest["window"]["start"] == float(_window(live_stack).split(",")[0])
     (out / "data/comparison/ttft_p95.csv").write_text("tampered")
     assert verify_manifest(out) == ["data/comparison/ttft_p95.csv"]
     md = (out / "EVIDENCE.md").read_text()
-    assert "histogram_quantile(0.95, sum by (engine, le) (rate(llmbench_time_to_first_token_seconds_bucket[1m])))" in md
+    assert expand(PANELS["ttft_p95"].queries[0].expr) in md  # the catalogue's query, every value selected
     assert manifest["window"]["start_utc"] in md and "| series | points | NaN |" in md
     ttft = json.loads((out / "data/comparison/ttft_p95.json").read_text())
     assert {s["name"] for s in ttft["queries"][0]["series"]} == {"sglang", "vllm"}
@@ -80,7 +81,7 @@ def test_scenario_windows_resolve(live_stack: Any) -> None:
     (["--window", "last:30"], "not a duration"),
     (["--window", "yesterday"], "bad window"),
     (["--window", "2026-01-01T00:00:00,2026-01-01T01:00:00"], "no timezone"),
-    (["--window", "978307200,978310800"], "no data in the window"),
+    (["--window", "978307200,978310800"], "no samples in the window"),
     (["--window", "scenario:never-ran"], "unknown scenario"),
     (["--window", "last:7d", "--step", "1"], "Prometheus allows 11000"),
 ])
@@ -148,3 +149,77 @@ def test_summarize_against_prometheus(live_stack: Any) -> None:
     row = cmp[("vllm", "short-c8")]
     assert row["ttft_p95_exact_s"] > 0 and row["ttft_p95_histogram_s"] > 0
     assert math.isfinite(row["ttft_p95_rel_error"]) and abs(row["e2e_p95_rel_error"]) < 0.5
+
+
+def test_export_refuses_a_used_out_unless_forced(live_stack: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ev"
+    args = ["export", "--prometheus", live_stack.prom, "--window", _window(live_stack), "--out", str(out),
+            "--boards", "comparison"]
+    assert evidence_main(args) == 0
+    (out / "data" / "gpu").mkdir()
+    (out / "data" / "gpu" / "stale.csv").write_text("an earlier export's file")
+    capsys.readouterr()
+    assert evidence_main(args) == 2
+    assert "is not empty" in capsys.readouterr().err and (out / "data" / "gpu" / "stale.csv").exists()
+    assert evidence_main([*args, "--force"]) == 0
+    listed = {f["path"] for f in json.loads((out / "manifest.json").read_text())["files"]}
+    assert {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} == listed | {"manifest.json"}
+
+
+def test_export_grid_ends_on_the_window_end(live_stack: Any, tmp_path: Path) -> None:
+    """A step that does not divide the window: the last point is the window's end, so the exact
+    counts there cover the whole window and equal the requests the proxy recorded in it."""
+    end = int(live_stack.end)
+    start = int(live_stack.start) - 7
+    out = tmp_path / "ev"
+    assert evidence_main(["export", "--prometheus", live_stack.prom, "--window", f"{start},{end}",
+                          "--out", str(out), "--boards", "comparison", "--step", "11"]) == 0
+    doc = json.loads((out / "data/comparison/empty_text.json").read_text())
+    for series in doc["queries"][0]["series"]:
+        assert series["values"][-1][0] == end
+    from dashboards.evidence.merge import load_records
+
+    empty = sum(1 for r in load_records(live_stack.records) if r["engine"] == "vllm" and r["reason"] == "empty_text")
+    assert empty > 0
+    vllm = next(s for s in doc["queries"][0]["series"] if s["name"] == "vllm")
+    assert vllm["values"][-1][1] == empty
+
+
+def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A 2-second round under the repo's 5 s scrape interval: the round timestamp gauges find it
+    (SPEC section 16); with --records the records' times win, and the output says which."""
+    import time
+
+    import requests
+
+    from exporter.harness.stack import LocalStack
+    from tests.helpers import require_prometheus
+
+    require_prometheus()
+    with LocalStack(tmp_path / "stack") as stack:
+        stack.start(scenarios=["blip"], speed=5)
+        prom_url = stack.start_prometheus()
+        scenario = f"{stack.proxy_url}/-/scenario"
+        requests.post(scenario, json={"scenario": "blip", "round": 1}, timeout=5).raise_for_status()
+        body = {"model": "m", "prompt": "a b c", "max_tokens": 4, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        t0 = time.time()
+        while time.time() - t0 < 2.0:
+            requests.post(f"{stack.proxy_url}/vllm/v1/completions", json=body, timeout=10).content
+        requests.post(scenario, json={"scenario": None}, timeout=5).raise_for_status()
+        time.sleep(11)  # two scrapes after the round's end
+        events = [json.loads(x) for x in (tmp_path / "stack" / "records" / "scenarios.jsonl").read_text().splitlines()]
+        set_at = next(e["unix"] for e in events if e["scenario"] == "blip")
+        cleared_at = next(e["unix"] for e in events if e["scenario"] is None and e["unix"] >= set_at)
+        w = parse_window("scenario:blip#1", prom=Prometheus(prom_url))
+        assert "llmbench_scenario_round_start_timestamp_seconds" in w.source
+        assert abs(w.start - set_at) < 0.05 and abs(w.end - cleared_at) < 0.05 and 1.9 < w.seconds < 3.0
+        out = tmp_path / "ev"
+        assert evidence_main(["export", "--prometheus", prom_url, "--window", "scenario:blip#1", "--out", str(out),
+                              "--boards", "comparison", "--records", str(tmp_path / "stack" / "records")]) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["window"]["source"].startswith("records") and "records (" in printed
+    assert manifest["window"]["start"] == set_at and manifest["window"]["end"] == cleared_at
+    assert "window source: records" in (out / "EVIDENCE.md").read_text()

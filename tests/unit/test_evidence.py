@@ -116,3 +116,39 @@ def test_summarize_hand_computed(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "| vllm | s | 3 | 6 | 7 |" in md
     assert (tmp_path / "out" / "rounds.csv").read_text().count("\n") == 4
+
+
+def test_grid_ends_on_the_window_end_and_step_notes() -> None:
+    from dashboards.evidence.export import DEFAULT_STEP_S, ExportError, choose_step, grid_start
+    from dashboards.evidence.windows import Window
+
+    w = Window(1000.0, 1047.0, "1000,1047")
+    assert grid_start(w, 5.0) == 1002.0  # 1002, 1007, ..., 1047
+    assert grid_start(Window(0.0, 60.0, "x"), 15.0) == 0.0
+    step, note = choose_step(w, None, None)
+    assert step == DEFAULT_STEP_S and "does not report its scrape interval" in note
+    assert choose_step(w, 5.0, None) == (5.0, "default: ~1500 points, not below the scrape interval 5 s")
+    assert choose_step(w, 5.0, 2.0) == (2.0, "--step")
+    with pytest.raises(ExportError, match="positive"):
+        choose_step(w, None, float("inf"))
+
+
+def test_prometheus_client_headers_token_and_printable_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dashboards.evidence.promapi import TOKEN_ENV, parse_header
+
+    assert parse_header("X-Scope-OrgID: team-a") == ("X-Scope-OrgID", "team-a")
+    for bad in ("no-colon", ": value", "bad name:v"):
+        with pytest.raises(ValueError, match="NAME:VALUE"):
+            parse_header(bad)
+    monkeypatch.setenv(TOKEN_ENV, "tok-123")
+    prom = Prometheus("https://user:pw@mimir.example/prometheus/", headers={"X-Scope-OrgID": "a"})
+    assert prom.url == "https://mimir.example/prometheus"
+    assert prom.session.headers["Authorization"] == "Bearer tok-123" and prom.session.headers["X-Scope-OrgID"] == "a"
+    assert "tok-123" not in repr(prom.header_names) and "X-Scope-OrgID" in prom.header_names
+    monkeypatch.delenv(TOKEN_ENV)
+    assert "Authorization" not in Prometheus("http://h").session.headers
+
+
+def test_last_zero_is_refused() -> None:
+    with pytest.raises(WindowError, match="empty window"):
+        parse_window("last:0m")

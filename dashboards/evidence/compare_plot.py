@@ -1,0 +1,57 @@
+"""One PNG per metric for ``evidence compare``: A and B side by side per scenario, the bar at
+the median of rounds, the whisker from the rounds' min to max."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from dashboards.catalogue import ENGINE_COLORS  # noqa: E402
+
+from .noise import Metric  # noqa: E402
+
+if TYPE_CHECKING:
+    from .compare import Run
+
+__all__ = ["plot_metric", "run_color"]
+
+#: Colours of runs that are not one known engine each.
+_OTHER = ("#2ca02c", "#9467bd")
+
+
+def run_color(run: Run, index: int) -> str:
+    """SGLang blue and vLLM orange where a run is one of them; green (A) and purple (B) otherwise."""
+    if len(run.engines) == 1 and run.engines[0] in ENGINE_COLORS:
+        return ENGINE_COLORS[run.engines[0]]
+    return ENGINE_COLORS.get(run.label.lower(), _OTHER[index])
+
+
+def _bars(ax: Any, rows: list[dict[str, Any]], side: str, x: list[float], color: str, label: str) -> None:
+    values = [r[f"value_{side}"] if r[f"value_{side}"] is not None else 0.0 for r in rows]
+    lo = [max(0.0, v - (r[f"spread_{side}"] or [v, v])[0]) for v, r in zip(values, rows)]
+    hi = [max(0.0, (r[f"spread_{side}"] or [v, v])[1] - v) for v, r in zip(values, rows)]
+    ax.bar(x, values, width=0.38, color=color, label=label)
+    ax.errorbar(x, values, yerr=[lo, hi], fmt="none", ecolor="#333333", capsize=4, linewidth=1)
+
+
+def plot_metric(rows: list[dict[str, Any]], metric: Metric, a: Run, b: Run, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.5), dpi=100, facecolor="white")
+    xs = list(range(len(rows)))
+    _bars(ax, rows, "a", [x - 0.2 for x in xs], run_color(a, 0), f"A: {a.label}")
+    _bars(ax, rows, "b", [x + 0.2 for x in xs], run_color(b, 1), f"B: {b.label}")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{r['scenario']}\n{r['verdict'] or '-'}" for r in rows], fontsize=8)
+    direction = "higher is better" if metric.higher_is_better else "lower is better"
+    ax.set_title(f"{metric.title} ({metric.unit or 'ratio'}; {direction}): B = {b.label} against A = {a.label}\n"
+                 "bars: median of rounds; whiskers: min–max over rounds; below: the verdict", fontsize=9, loc="left")
+    ax.grid(True, axis="y", color="#e5e5e5", linewidth=0.6)
+    ax.legend(fontsize=8, frameon=False)
+    fig.subplots_adjust(left=0.1, right=0.98, top=0.88, bottom=0.13)
+    fig.savefig(path, facecolor="white")
+    plt.close(fig)
+    return path

@@ -1,0 +1,103 @@
+"""``EVIDENCE.md``: per panel the PromQL, the window, the step and the data-point checks,
+under a header that names the backend, the window's source and how the step was chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter import __version__
+
+from dashboards.catalogue import BOARDS, RATE_WINDOW, Panel
+from .windows import Window, iso
+
+__all__ = ["QueryEvidence", "evidence_markdown", "panel_kind", "RATE_NOTE"]
+
+RATE_NOTE = ("Panels built on `rate()` (marked *rate*) are computed by the backend's own query engine: "
+             "VictoriaMetrics' MetricsQL does not extrapolate `rate()`/`increase()` to the window's edges "
+             "as Prometheus does, so these curves differ slightly between the two by design. Exact-count "
+             "(max − min over the range) and gauge panels are the same on both.")
+
+
+@dataclass
+class QueryEvidence:
+    ref: str
+    expr: str
+    legend: str
+    series: list[dict[str, Any]] = field(default_factory=list)  # {"name", "labels", "times", "values"}
+    points: int = 0
+    nan: int = 0
+    empty_series: int = 0
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+    first: float | None = None
+    last: float | None = None
+
+
+def panel_kind(panel: Panel) -> str:
+    """``exact-count`` (over the whole range: ``$__range``), ``rate`` (rate/increase over a
+    sliding window) or ``gauge`` (instant values)."""
+    exprs = " ".join(panel.exprs)
+    if "$__range" in exprs:
+        return "exact-count"
+    if "rate(" in exprs or "increase(" in exprs:
+        return "rate"
+    return "gauge"
+
+
+def _fmt_t(t: float | None) -> str:
+    return "-" if t is None else f"{iso(t)} ({t:.0f})"
+
+
+def _backend_line(backend: dict[str, Any]) -> str:
+    version = backend.get("version")
+    text = f"- Backend: {backend.get('name', '?')}"
+    text += f" {version} (revision {backend.get('revision') or '?'})" if version else " (version not reported by the API)"
+    return text + f"; llm-bench-exporter {__version__}"
+
+
+def _header(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str) -> list[str]:
+    lines = [
+        "# Monitoring evidence", "",
+        f"- Window: {iso(window.start)} to {iso(window.end)} (unix {window.start:.3f} to {window.end:.3f}, "
+        f"{window.seconds:.0f} s), from `{window.spec}`; window source: {window.source}",
+        f"- Step: {step:g} s ({step_note}); the time grid ends on the window's end, so the last point "
+        "of an exact-count panel counts the whole window",
+        f"- Rate window: {rw}" + ("" if rw == RATE_WINDOW else f" (widened from {RATE_WINDOW} for the scrape interval)"),
+        _backend_line(backend),
+        f"- Query API: {url}",
+    ]
+    if backend.get("name") != "Prometheus":
+        lines.append(f"- Note: {RATE_NOTE}")
+    return lines + [""]
+
+
+def _query_lines(ev: QueryEvidence) -> list[str]:
+    gaps = ", ".join(f"{iso(a)}–{iso(b)}" for a, b in ev.gaps[:10]) or "none"
+    if len(ev.gaps) > 10:
+        gaps += f" (+{len(ev.gaps) - 10} more)"
+    lines = [
+        "```promql", ev.expr, "```", "",
+        "| series | points | NaN | empty series | gaps > 2 steps | first sample | last sample |",
+        "|---|---|---|---|---|---|---|",
+        f"| {len(ev.series)} | {ev.points} | {ev.nan} | {ev.empty_series} | {len(ev.gaps)} | "
+        f"{_fmt_t(ev.first)} | {_fmt_t(ev.last)} |", "",
+    ]
+    if ev.gaps:
+        lines += [f"Gaps: {gaps}", ""]
+    if not ev.series:
+        lines += ["**No series in this window.**", ""]
+    return lines
+
+
+def evidence_markdown(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,
+                      results: dict[str, dict[str, list[QueryEvidence]]]) -> str:
+    lines = _header(window, step, step_note, rw, backend, url)
+    for board_key, panels in results.items():
+        board = BOARDS[board_key]
+        lines += [f"## {board.title}", "", f"![{board.title}]({board_key}.png)", ""]
+        for panel in board.panels:
+            lines += [f"### {panel.title}", "", f"Kind: *{panel_kind(panel)}*", ""]
+            for ev in panels[panel.key]:
+                lines += _query_lines(ev)
+            lines += [f"Data: `data/{board_key}/{panel.key}.csv`, `data/{board_key}/{panel.key}.json`", ""]
+    return "\n".join(lines)
