@@ -15,7 +15,7 @@ from typing import Any
 import grafanalib.core as g
 from grafanalib._gen import DashboardEncoder
 
-from .catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, LINE_STYLES, Board, Panel
+from .catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, LINE_STYLES, MIXIN, Board, Panel
 
 __all__ = ["SCHEMA_VERSION", "MAX_DATA_POINTS", "build", "build_all", "write_all", "layout", "GENERATED"]
 
@@ -24,9 +24,13 @@ MAX_DATA_POINTS = 1500
 GENERATED = Path(__file__).resolve().parent / "generated"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
+_PROXY = MIXIN.proxy()
 _VARIABLES: dict[str, dict[str, Any]] = {
-    "engine": {"query": "label_values(llmbench_requests_in_flight, engine)", "label": "Engine"},
-    "scenario": {"query": "label_values(llmbench_requests_total, scenario)", "label": "Scenario"},
+    "engine": {"query": f"label_values(llmbench_requests_in_flight{_PROXY}, {MIXIN.engine_label})", "label": "Engine"},
+    "scenario": {"query": f"label_values(llmbench_requests_total{_PROXY}, scenario)", "label": "Scenario"},
+    "instance": {"query": f"label_values(up{_PROXY}, {MIXIN.instance_label})", "label": "Proxy instance"},
+    "engine_instance": {"query": f'label_values(up{{job=~"{MIXIN.vllm_job}|{MIXIN.sglang_job}"}}, {MIXIN.instance_label})',
+                        "label": "Engine instance"},
     "host": {"query": "query_result(count by (Hostname, hostname) (DCGM_FI_DEV_GPU_UTIL))",
              "regex": '/[Hh]ostname="([^"]+)"/', "label": "Host"},
     "gpu": {"query": "label_values(DCGM_FI_DEV_GPU_UTIL, gpu)", "label": "GPU"},
@@ -60,8 +64,10 @@ def _color_overrides(panel: Panel) -> list[dict[str, Any]]:
 
 
 def _thresholds(panel: Panel) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
-    steps += [{"color": "red", "value": v} for v in panel.thresholds]
+    """Red above each threshold, or, for a ratio that must stay high, red below it."""
+    base, over = ("red", "green") if panel.low_is_bad else ("green", "red")
+    steps: list[dict[str, Any]] = [{"color": base if panel.thresholds else "green", "value": None}]
+    steps += [{"color": over, "value": v} for v in panel.thresholds]
     return {"mode": "absolute", "steps": steps}
 
 
@@ -90,17 +96,17 @@ def layout(board: Board) -> list[g.GridPos]:
 
 
 def _annotations(board: Board) -> dict[str, Any]:
+    """Grafana's built-in annotations, then the board's Prometheus ones: each series' value is
+    an event's unix time (``useValueForTime``), so a round shorter than a step still shows."""
     items: list[dict[str, Any]] = [{
         "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
         "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
     }]
-    if board.annotations:
-        items.append({
-            "datasource": DS, "enable": True, "hide": False, "iconColor": "rgba(120, 120, 120, 0.6)",
-            "name": "Scenario rounds", "expr": 'llmbench_scenario_info{engine=~"$engine"}',
-            "step": "5s", "titleFormat": "{{scenario}} #{{round}}", "textFormat": "{{engine}}",
-            "tagKeys": "engine,scenario,round", "useValueForTime": False,
-        })
+    items += [{
+        "datasource": DS, "enable": True, "hide": False, "iconColor": a.color, "name": a.name, "expr": a.expr,
+        "step": "5s", "titleFormat": a.title, "textFormat": a.text, "tagKeys": f"{MIXIN.engine_label},scenario,round",
+        "useValueForTime": True,
+    } for a in board.annotations]
     return {"list": items}
 
 
@@ -125,6 +131,8 @@ def build(board: Board) -> dict[str, Any]:
         defaults["unit"] = panel.unit
         if panel.thresholds and panel.kind == "timeseries":
             defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
+        if panel.log_scale:
+            defaults["custom"]["scaleDistribution"] = {"type": "log", "log": 10}
         out["fieldConfig"]["overrides"] = _color_overrides(panel)
         out["pluginVersion"] = "10.4.0"
         for key in ("height", "span", "minSpan", "error", "repeat", "repeatDirection", "maxPerRow"):

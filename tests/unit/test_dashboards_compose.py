@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from dashboards.boards import GENERATED, MAX_DATA_POINTS, SCHEMA_VERSION
-from dashboards.catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS
+from dashboards.catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, MIXIN, VM_DATASOURCE_UID
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
@@ -73,7 +73,8 @@ def test_comparison_board_reproduces_the_seed() -> None:
     xs = sorted((p["gridPos"]["y"], p["gridPos"]["x"]) for p in grid)
     assert len({y for y, _ in xs}) == 2 and len({x for _, x in xs}) == 2  # a 2x2 grid
     stats = [p for p in board["panels"] if p["type"] == "stat"]
-    assert {p["title"] for p in stats} == {"Success ratio", "Failures by reason", "Empty-text HTTP 200 responses"}
+    assert {p["title"] for p in stats} == {"Success ratio", "Goodput (SLO met)", "Failures by reason",
+                                           "Empty-text HTTP 200 responses"}
     assert max(p["gridPos"]["y"] for p in stats) < min(p["gridPos"]["y"] for p in grid)  # stat row above
     for p in grid:
         assert "histogram_quantile(0.95" in p["targets"][0]["expr"] or "rate(llmbench_output_tokens_total" in p["targets"][0]["expr"]
@@ -82,9 +83,30 @@ def test_comparison_board_reproduces_the_seed() -> None:
     assert ENGINE_COLORS["sglang"] == "#1f77b4" and ENGINE_COLORS["vllm"] == "#ff7f0e"  # blue, orange
     assert by_title["TTFT P95"]["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 3.0
     assert by_title["Per-request TPOT P95"]["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 0.05
-    ann = [a for a in board["annotations"]["list"] if a.get("expr")]
-    assert ann and "llmbench_scenario_info" in ann[0]["expr"] and ann[0]["datasource"]["uid"] == "${datasource}"
+    ann = {a["name"]: a for a in board["annotations"]["list"] if a.get("expr")}
+    for which, name in (("start", "Round starts"), ("end", "Round ends")):
+        a = ann[name]  # each round's start and end, at the gauge's own time (SPEC section 16)
+        assert f"llmbench_scenario_round_{which}_timestamp_seconds{{" in a["expr"] and a["expr"].endswith("* 1000")
+        assert a["useValueForTime"] is True and a["datasource"]["uid"] == "${datasource}"
+        assert "{{scenario}}" in a["titleFormat"] and "{{round}}" in a["titleFormat"]
     assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "engine", "scenario"}
+
+
+def test_goodput_panels_in_engine_colours() -> None:
+    by_title = {p["title"]: p for p in _boards()["comparison"]["panels"]}
+    for title in ("Goodput (SLO met)", "Goodput ratio (1-minute windows)", "Goodput throughput"):
+        p = by_title[title]
+        colors = {o["matcher"]["options"]: o["properties"][0]["value"]["fixedColor"] for o in p["fieldConfig"]["overrides"]}
+        assert colors == {"^sglang.*": "#1f77b4", "^vllm.*": "#ff7f0e"}, title
+    stat, ratio = by_title["Goodput (SLO met)"], by_title["Goodput ratio (1-minute windows)"]
+    for p in (stat, ratio):
+        expr = p["targets"][0]["expr"]
+        assert 'llmbench_slo_requests_total{job="llmbench-exporter", result="met"' in expr
+        assert 'llmbench_requests_total{job="llmbench-exporter", outcome!="client_abort"' in expr  # failures count
+        steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert steps == [{"color": "red", "value": None}, {"color": "green", "value": MIXIN.goodput_ratio_min}]
+    assert "llmbench_goodput_tokens_total" in by_title["Goodput throughput"]["targets"][0]["expr"]
+    assert by_title["Goodput throughput"]["fieldConfig"]["defaults"]["unit"] == "suffix: tok/s"
 
 
 def test_gpu_board_tolerates_both_hostname_labels() -> None:
@@ -109,6 +131,21 @@ def test_internals_board_has_both_engines() -> None:
         assert name in exprs
 
 
+def test_internals_board_shows_the_proxy_timing_error() -> None:
+    board = _boards()["internals"]
+    p = next(p for p in board["panels"] if p["title"] == "Proxy timing error")
+    lag, ttft = (t["expr"] for t in p["targets"])
+    assert lag.startswith("histogram_quantile(0.99, sum by (instance, worker, le) (rate(llmbench_proxy_event_loop_lag_seconds_bucket{")
+    assert 'instance=~"$instance"' in lag and "llmbench_time_to_first_token_seconds_bucket" in ttft
+    assert p["fieldConfig"]["defaults"]["custom"]["scaleDistribution"] == {"type": "log", "log": 10}
+    assert p["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == MIXIN.proxy_lag_max_s == 0.001
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["instance"]["query"] == 'label_values(up{job="llmbench-exporter"}, instance)'
+    assert variables["engine_instance"]["includeAll"] and variables["engine_instance"]["allValue"] == ".*"
+    engine_exprs = [t["expr"] for q in board["panels"] for t in q["targets"] if "vllm:" in t["expr"] or "sglang:" in t["expr"]]
+    assert engine_exprs and all('instance=~"$engine_instance"' in e for e in engine_exprs)
+
+
 # -- compose -----------------------------------------------------------------------------------
 
 def _compose() -> dict:
@@ -122,10 +159,14 @@ def test_compose_with_docker_compose_schema() -> None:
             pytest.fail("docker-compose not installed (apt-get install docker-compose)")
         pytest.skip("docker-compose not installed")
     env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "test-only"}
-    for profile in ([], ["--profile", "gpu", "--profile", "render"]):
-        r = subprocess.run([binary, "-f", str(COMPOSE / "docker-compose.yml"), *profile, "config", "-q"],
-                           capture_output=True, text=True, env=env, timeout=120)
-        assert r.returncode == 0, r.stderr
+    # each profile, in parallel (about a second each)
+    runs = {" ".join(profile) or "base": subprocess.Popen(
+        [binary, "-f", str(COMPOSE / "docker-compose.yml"), *profile, "config", "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for profile in ([], ["--profile", "gpu", "--profile", "render"], ["--profile", "scale"])}
+    for name, proc in runs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (name, err)
     # without a password, compose refuses: no undocumented default admin password
     env.pop("GRAFANA_ADMIN_PASSWORD")
     r = subprocess.run([binary, "-f", str(COMPOSE / "docker-compose.yml"), "config", "-q"],
@@ -141,6 +182,8 @@ def test_compose_structure() -> None:
     assert "/app/examples/plans/demo.yaml" in services["loadgen"]["command"][0]
     assert (ROOT / "examples/plans/demo.yaml").exists() and "COPY examples" in (COMPOSE / "Dockerfile").read_text()
     assert services["dcgm-exporter"]["profiles"] == ["gpu"] and services["renderer"]["profiles"] == ["render"]
+    base = {n for n, svc in services.items() if "profiles" not in svc}
+    assert {"prometheus", "grafana", "exporter", "vllm", "sglang", "loadgen"} == base
     for name, svc in services.items():
         image = svc["image"]
         assert ":" in image and not image.endswith(":latest"), (name, image)  # pinned
@@ -175,3 +218,62 @@ def test_compose_provisioning_matches_dashboards() -> None:
     cfg = validate(exporter_cfg)
     assert cfg.listen.endswith(":9464") and targets["llmbench-exporter"] == "exporter:9464"
     assert {e.base_url for e in cfg.engines} == {"http://sglang:30000", "http://vllm:8000"}
+
+
+def _scale_services() -> dict[str, dict]:
+    return {n: s for n, s in _compose()["services"].items() if "scale" in s.get("profiles", [])}
+
+
+def test_compose_scale_profile_two_proxies_two_engine_pairs_one_store() -> None:
+    from exporter.proxy.config import validate
+
+    services, scale = _compose()["services"], _scale_services()
+    assert set(scale) == {"exporter-b", "vllm-b", "sglang-b", "loadgen-b", "prometheus-agent-a",
+                          "prometheus-agent-b", "victoriametrics"}
+    vm = scale["victoriametrics"]
+    assert re.fullmatch(r"victoriametrics/victoria-metrics:v\d+\.\d+\.\d+", vm["image"])  # pinned
+    assert "-httpListenAddr=:8428" in vm["command"]
+    # two proxies, each in front of its own engine pair; a load generator through each
+    proxies = {"exporter": COMPOSE / "exporter.yaml", "exporter-b": COMPOSE / "scale/exporter-b.yaml"}
+    upstreams = {}
+    for name, path in proxies.items():
+        assert f"./{path.relative_to(COMPOSE)}:/etc/llm-bench/exporter.yaml:ro" in services[name]["volumes"]
+        cfg = validate(yaml.safe_load(path.read_text()))
+        upstreams[name] = {e.base_url.split("//")[1].split(":")[0] for e in cfg.engines}
+        assert {e.name for e in cfg.engines} == set(ENGINE_COLORS)  # the same engine names: summed by engine
+        assert all(u in services for u in upstreams[name])
+    assert not upstreams["exporter"] & upstreams["exporter-b"]
+    assert "http://exporter-b:9464/" in scale["loadgen-b"]["command"][0]
+    # one Prometheus agent per site, both forwarding to VictoriaMetrics, each with its site label
+    scraped = set()
+    for site in ("a", "b"):
+        agent = scale[f"prometheus-agent-{site}"]
+        assert "--enable-feature=agent" in agent["command"] and ":" in agent["image"]
+        src = next(v.split(":")[0] for v in agent["volumes"] if v.endswith("/etc/prometheus/prometheus.yml:ro"))
+        doc = yaml.safe_load((COMPOSE / src).read_text())
+        assert doc["global"]["external_labels"]["site"] == site
+        assert [w["url"] for w in doc["remote_write"]] == ["http://victoriametrics:8428/api/v1/write"]
+        jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in doc["scrape_configs"]}
+        assert MIXIN.job in jobs and {MIXIN.vllm_job, MIXIN.sglang_job} <= set(jobs)  # the boards' selectors
+        scraped |= {t.split(":")[0] for ts in jobs.values() for t in ts}
+    assert {"exporter", "exporter-b", "vllm", "vllm-b", "sglang", "sglang-b"} == scraped
+
+
+def test_compose_scale_agents_pass_promtool(tmp_path: Path) -> None:
+    from tests.helpers import require_prometheus
+
+    require_prometheus()
+    for site in ("a", "b"):
+        r = subprocess.run(["promtool", "check", "config", "--agent", str(COMPOSE / f"scale/prometheus-agent-{site}.yml")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_grafana_reads_victoriametrics_as_second_datasource() -> None:
+    ds = yaml.safe_load((COMPOSE / "grafana/provisioning/datasources/victoriametrics.yaml").read_text())["datasources"]
+    assert len(ds) == 1 and ds[0]["uid"] == VM_DATASOURCE_UID and ds[0]["type"] == "prometheus"
+    assert ds[0]["url"] == "http://victoriametrics:8428" and not ds[0]["isDefault"]
+    # the boards' data-source menu lists every Prometheus-type source, VictoriaMetrics included
+    for board in _boards().values():
+        var = next(v for v in board["templating"]["list"] if v["name"] == "datasource")
+        assert var["query"] == ds[0]["type"]
