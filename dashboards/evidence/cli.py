@@ -43,6 +43,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"window {iso(window.start)} to {iso(window.end)} ({window.source}), step {manifest['step_s']:g}s "
           f"({manifest['step_note']}); backend {backend['name']} {backend.get('version') or ''}".rstrip()
           + f": {len(manifest['files'])} files in {args.out} (EVIDENCE.md, manifest.json)")
+    if manifest["exact_counts"]["widened"]:
+        print(f"exact counts {manifest['exact_counts']['note']}")
     return 0
 
 

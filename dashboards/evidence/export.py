@@ -7,7 +7,8 @@ Writes, under the output directory:
 * ``grafana/<board>-<panel>.png``: Grafana's own rendering, with ``--grafana``;
 * ``EVIDENCE.md``: per panel the exact PromQL, the window (UTC and unix), the step, series
   and point counts, gaps longer than two steps, NaN and empty-series counts, and the first
-  and last sample times;
+  and last sample times; how the exact counts were taken: inside the window, or, for a window
+  shorter than two scrape intervals, once from the scrapes around it (:mod:`.counts`);
 * ``manifest.json``: the SHA-256 of every file above, Prometheus's build info, the tool
   version, the window and the step.
 """
@@ -29,11 +30,12 @@ import requests
 
 from exporter import __version__
 
-from dashboards.catalogue import BOARDS, RATE_WINDOW, Board, Panel, expand
+from dashboards.catalogue import BOARDS, MIXIN, RATE_WINDOW, Board, Panel, expand
+from .counts import CountSpan, exact_counts
 from .outdir import OutDirError, check_out, prepare_out
 from .promapi import MAX_POINTS, Prometheus, PromError, parse_duration
 from .render import render_board
-from .report import QueryEvidence, evidence_markdown
+from .report import QueryEvidence, evidence_markdown, panel_kind
 from .windows import Window, WindowError, check_not_future, iso
 
 __all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError",
@@ -84,12 +86,17 @@ def rate_window(scrape_s: float) -> str:
     return RATE_WINDOW if parse_duration(RATE_WINDOW) >= need else f"{math.ceil(need)}s"
 
 
-def _evidence(prom: Prometheus, panel: Panel, window: Window, step: float, rw: str) -> list[QueryEvidence]:
+def _evidence(prom: Prometheus, panel: Panel, window: Window, step: float, rw: str,
+              span: CountSpan | None) -> list[QueryEvidence]:
+    """Each query of the panel over the window's grid; with ``span`` (an exact-count panel of a
+    short window) once, at ``span.at`` over ``span.range_s``."""
     out = []
+    range_s, first, last = (window.seconds, grid_start(window, step), window.end) if span is None else \
+        (span.range_s, span.at, span.at)
     for q in panel.queries:
-        expr = expand(q.expr, range_s=window.seconds).replace(f"[{RATE_WINDOW}]", f"[{rw}]")
-        ev = QueryEvidence(q.ref, expr, q.legend)
-        for s in prom.query_range(expr, grid_start(window, step), window.end, step):
+        expr = expand(q.expr, range_s=range_s).replace(f"[{RATE_WINDOW}]", f"[{rw}]")
+        ev = QueryEvidence(q.ref, expr, q.legend, span=span)
+        for s in prom.query_range(expr, first, last, step):
             times = [float(t) for t, _ in s["values"]]
             values = [float(v) for _, v in s["values"]]
             ev.series.append({"name": _legend(q.legend, s["metric"]), "labels": s["metric"],
@@ -123,6 +130,7 @@ def _write_data(out: Path, board: str, panel: Panel, evs: list[QueryEvidence], w
         "window": {"start": window.start, "end": window.end, "start_utc": iso(window.start), "end_utc": iso(window.end)},
         "step_s": step,
         "queries": [{"ref": ev.ref, "expr": ev.expr, "legend": ev.legend,
+                     **({"evaluated": {"at": ev.span.at, "range_s": ev.span.range_s, "widened": True}} if ev.span else {}),
                      "series": [{"name": s["name"], "labels": s["labels"],
                                  "values": [[t, None if math.isnan(v) else v] for t, v in zip(s["times"], s["values"])]}
                                 for s in ev.series]} for ev in evs],
@@ -162,7 +170,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _query_all(prom: Prometheus, names: list[str], window: Window, step: float, rw: str,
+def _query_all(prom: Prometheus, names: list[str], window: Window, step: float, rw: str, span: CountSpan | None,
                progress: bool) -> dict[str, dict[str, list[QueryEvidence]]]:
     results: dict[str, dict[str, list[QueryEvidence]]] = {}
     total = sum(len(BOARDS[b].panels) for b in names)
@@ -170,7 +178,8 @@ def _query_all(prom: Prometheus, names: list[str], window: Window, step: float, 
     for b in names:
         results[b] = {}
         for panel in BOARDS[b].panels:
-            results[b][panel.key] = _evidence(prom, panel, window, step, rw)
+            exact = panel_kind(panel) == "exact-count"
+            results[b][panel.key] = _evidence(prom, panel, window, step, rw, span if exact else None)
             done += 1
             if progress:
                 sys.stderr.write(f"\rquerying panels {done}/{total}")
@@ -229,14 +238,16 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     intervals = prom.scrape_intervals()
     step, step_note = choose_step(window, min(intervals.values()) if intervals else None, step)
     rw = rate_window(max(intervals.values(), default=DEFAULT_STEP_S))
-    results = _query_all(prom, names, window, step, rw, progress)
+    counts = exact_counts(window, intervals.get(MIXIN.job) or max(intervals.values(), default=step))
+    results = _query_all(prom, names, window, step, rw, counts.span, progress)
     try:
         prepare_out(out, force)
     except OutDirError as exc:
         raise ExportError(str(exc)) from None
     files = _write_all(out, results, window, step, rw, grafana, token)
     md = out / "EVIDENCE.md"
-    md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results), encoding="utf-8")
+    md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note),
+                  encoding="utf-8")
     files.append(md)
     manifest = {
         "tool": "llm-bench-exporter evidence", "version": __version__,
@@ -246,7 +257,7 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
         "window": {"spec": window.spec, "source": window.source, "start": window.start, "end": window.end,
                    "start_utc": iso(window.start), "end_utc": iso(window.end)},
         "step_s": step, "step_note": step_note, "grid_start": grid_start(window, step),
-        "rate_window": rw, "boards": names,
+        "rate_window": rw, "exact_counts": counts.manifest(), "boards": names,
         "files": [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": _sha256(p)}
                   for p in sorted(files)],
     }

@@ -9,6 +9,7 @@ from typing import Any
 from exporter import __version__
 
 from dashboards.catalogue import BOARDS, RATE_WINDOW, Panel
+from .counts import CountSpan
 from .windows import Window, iso
 
 __all__ = ["QueryEvidence", "evidence_markdown", "panel_kind", "RATE_NOTE"]
@@ -16,7 +17,7 @@ __all__ = ["QueryEvidence", "evidence_markdown", "panel_kind", "RATE_NOTE"]
 RATE_NOTE = ("Panels built on `rate()` (marked *rate*) are computed by the backend's own query engine: "
              "VictoriaMetrics' MetricsQL does not extrapolate `rate()`/`increase()` to the window's edges "
              "as Prometheus does, so these curves differ slightly between the two by design. Exact-count "
-             "(max − min over the range) and gauge panels are the same on both.")
+             "(restart-safe sums of differences between scrapes) and gauge panels are the same on both.")
 
 
 @dataclass
@@ -31,6 +32,7 @@ class QueryEvidence:
     gaps: list[tuple[float, float]] = field(default_factory=list)
     first: float | None = None
     last: float | None = None
+    span: CountSpan | None = None  # evaluated once, from the scrapes around a short window
 
 
 def panel_kind(panel: Panel) -> str:
@@ -55,13 +57,14 @@ def _backend_line(backend: dict[str, Any]) -> str:
     return text + f"; llm-bench-exporter {__version__}"
 
 
-def _header(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str) -> list[str]:
+def _header(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,
+            counts_note: str) -> list[str]:
     lines = [
         "# Monitoring evidence", "",
         f"- Window: {iso(window.start)} to {iso(window.end)} (unix {window.start:.3f} to {window.end:.3f}, "
         f"{window.seconds:.0f} s), from `{window.spec}`; window source: {window.source}",
-        f"- Step: {step:g} s ({step_note}); the time grid ends on the window's end, so the last point "
-        "of an exact-count panel counts the whole window",
+        f"- Step: {step:g} s ({step_note}); the time grid ends on the window's end",
+        f"- Exact counts: {counts_note}",
         f"- Rate window: {rw}" + ("" if rw == RATE_WINDOW else f" (widened from {RATE_WINDOW} for the scrape interval)"),
         _backend_line(backend),
         f"- Query API: {url}",
@@ -77,6 +80,7 @@ def _query_lines(ev: QueryEvidence) -> list[str]:
         gaps += f" (+{len(ev.gaps) - 10} more)"
     lines = [
         "```promql", ev.expr, "```", "",
+        *([f"Widened: {ev.span.describe()}.", ""] if ev.span else []),
         "| series | points | NaN | empty series | gaps > 2 steps | first sample | last sample |",
         "|---|---|---|---|---|---|---|",
         f"| {len(ev.series)} | {ev.points} | {ev.nan} | {ev.empty_series} | {len(ev.gaps)} | "
@@ -90,8 +94,8 @@ def _query_lines(ev: QueryEvidence) -> list[str]:
 
 
 def evidence_markdown(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,
-                      results: dict[str, dict[str, list[QueryEvidence]]]) -> str:
-    lines = _header(window, step, step_note, rw, backend, url)
+                      results: dict[str, dict[str, list[QueryEvidence]]], counts_note: str) -> str:
+    lines = _header(window, step, step_note, rw, backend, url, counts_note)
     for board_key, panels in results.items():
         board = BOARDS[board_key]
         lines += [f"## {board.title}", "", f"![{board.title}]({board_key}.png)", ""]

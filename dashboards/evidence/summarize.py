@@ -6,8 +6,10 @@ scenario with the rounds' spread (min–max) and, with enough requests, a bootst
 interval beside each median; engines side by side per scenario with a noise verdict; the
 TTFT variants (``ttft_s``, ``ttfb_s``, ``ttfe_s``) where the records carry them.  Several
 records directories (several proxies) merge exactly: the union of their requests.  With
-Prometheus, each engine × scenario also gets the histogram-estimated P95 over the same
-window beside the exact P95, with the relative error: how far to trust the boards' P95 curves.
+Prometheus, each engine × scenario also gets the histogram-estimated P95 beside the exact P95,
+with the relative error: how far to trust the boards' P95 curves.  The estimate comes from the
+histogram's exact bucket counts (the catalogue's restart-safe ``exact_count``) from the scrape
+before the cell's first request to a scrape after its last one (:func:`.counts.covering`).
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from typing import Any
 from exporter.core.stats import SloLike, median_of_rounds, percentile, round_row
 from exporter.proxy.config import DEFAULT_SLO
 
+from dashboards.catalogue import MIXIN, exact_count
+from .counts import covering
 from .merge import load_records
 from .noise import METRICS, RULE, delta_pct, verdict
 from .outdir import make_dir
 from .promapi import Prometheus
 from .summary_md import summary_markdown
 
-__all__ = ["load_records", "summarize", "write_summary", "HISTOGRAMS", "TTFT_VARIANTS"]
+__all__ = ["load_records", "summarize", "write_summary", "histogram_p95_expr", "HISTOGRAMS", "TTFT_VARIANTS"]
 
 HISTOGRAMS = {"ttft": ("llmbench_time_to_first_token_seconds", "ttft_s"),
               "tpot": ("llmbench_time_per_output_token_seconds", "tpot_s"),
@@ -104,6 +108,13 @@ def _ttft_variants(groups: Groups) -> list[dict[str, Any]]:
     return rows
 
 
+def histogram_p95_expr(metric: str, engine: str, scenario: str, range_s: int) -> str:
+    """The P95 of a proxy histogram from its exact bucket counts over ``range_s`` seconds
+    (the catalogue's restart-safe :func:`exact_count`, not ``increase()``'s extrapolation)."""
+    sel = f"{metric}_bucket" + MIXIN.proxy(f'{MIXIN.engine_label}="{engine}"', f'scenario="{scenario}"')
+    return f"histogram_quantile(0.95, sum by (le) ({exact_count(sel, f'{range_s}s')}))"
+
+
 def _compare(prom: Prometheus, groups: Groups, scrape_s: float) -> list[dict[str, Any]]:
     cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for (engine, scenario, _), recs in groups.items():
@@ -111,15 +122,12 @@ def _compare(prom: Prometheus, groups: Groups, scrape_s: float) -> list[dict[str
     rows = []
     for (engine, scenario), recs in sorted(cells.items()):
         ok = [r for r in recs if r.get("outcome") == "success"]
-        start = min(float(r["start_unix"]) for r in recs) - scrape_s
-        end = max(_end(r) for r in recs) + 2 * scrape_s
-        row: dict[str, Any] = {"engine": engine, "scenario": scenario, "window_start": start, "window_end": end}
+        span = covering(min(float(r["start_unix"]) for r in recs), max(_end(r) for r in recs), scrape_s)
+        row: dict[str, Any] = {"engine": engine, "scenario": scenario, "window_start": span.baseline,
+                               "window_end": span.at}
         for key, (metric, field) in HISTOGRAMS.items():
             exact = percentile([r[field] for r in ok if r.get(field) is not None], 95)
-            sel = f'{metric}_bucket{{engine="{engine}", scenario="{scenario}"}}[{max(1, round(end - start))}s]'
-            # exact bucket counts in the window (max - min), not increase()'s extrapolation
-            expr = f"histogram_quantile(0.95, sum by (le) (max_over_time({sel}) - min_over_time({sel})))"
-            result = prom.query(expr, at=end)
+            result = prom.query(histogram_p95_expr(metric, engine, scenario, span.range_s), at=span.at)
             est = float(result[0]["value"][1]) if result else None
             if est is not None and est != est:  # NaN
                 est = None

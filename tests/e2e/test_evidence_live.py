@@ -5,8 +5,6 @@ from __future__ import annotations
 import http.server
 import json
 import math
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,16 +13,13 @@ import matplotlib.image as mpimg
 import pytest
 
 from dashboards.catalogue import BOARDS, PANELS, expand
-from dashboards.evidence.decode import decode_capture
 from dashboards.evidence.cli import main as evidence_main
 from dashboards.evidence.export import GRAFANA_TOKEN_ENV, verify_manifest
+from dashboards.evidence.merge import load_records
 from dashboards.evidence.promapi import Prometheus
 from dashboards.evidence.render import png_size
 from dashboards.evidence.summarize import summarize
 from dashboards.evidence.windows import WindowError, parse_window
-from exporter.harness.sim import FAULTS, build_params, create_sim_app
-
-from tests.helpers import INTENDED, read_records
 
 
 def _window(stack: Any) -> str:
@@ -135,15 +130,7 @@ def test_export_fetches_grafana_pngs_without_keeping_the_token(live_stack: Any, 
     assert verify_manifest(out) == []
 
 
-def _rec(engine: str, scenario: str, rnd: int, start: float, e2e: float, ttft: float | None, tpot: float | None,
-         tokens: int = 128, outcome: str = "success", reason: str | None = None) -> dict[str, Any]:
-    return {"engine": engine, "scenario": scenario, "round": rnd, "start_unix": start, "e2e_s": e2e, "ttft_s": ttft,
-            "tpot_s": tpot, "completion_tokens": tokens, "outcome": outcome, "reason": reason}
-
-
 def test_summarize_against_prometheus(live_stack: Any) -> None:
-    from dashboards.evidence.summarize import load_records
-
     s = summarize(load_records(live_stack.records), Prometheus(live_stack.prom))
     cmp = {(r["engine"], r["scenario"]): r for r in s["histogram_vs_exact"]}
     row = cmp[("vllm", "short-c8")]
@@ -177,8 +164,6 @@ def test_export_grid_ends_on_the_window_end(live_stack: Any, tmp_path: Path) -> 
     doc = json.loads((out / "data/comparison/empty_text.json").read_text())
     for series in doc["queries"][0]["series"]:
         assert series["values"][-1][0] == end
-    from dashboards.evidence.merge import load_records
-
     empty = sum(1 for r in load_records(live_stack.records) if r["engine"] == "vllm" and r["reason"] == "empty_text")
     assert empty > 0
     vllm = next(s for s in doc["queries"][0]["series"] if s["name"] == "vllm")
@@ -188,7 +173,9 @@ def test_export_grid_ends_on_the_window_end(live_stack: Any, tmp_path: Path) -> 
 def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(tmp_path: Path,
                                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """A 2-second round under the repo's 5 s scrape interval: the round timestamp gauges find it
-    (SPEC section 16); with --records the records' times win, and the output says which."""
+    (SPEC section 16); with --records the records' times win, and the output says which.  The
+    exact-count panels are widened to the scrapes around the round, and say so: they count
+    the round's requests (nothing else ran then), where counts inside 2 s would find no series."""
     import time
 
     import requests
@@ -206,7 +193,8 @@ def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(t
                 "stream_options": {"include_usage": True}}
         t0 = time.time()
         while time.time() - t0 < 2.0:
-            requests.post(f"{stack.proxy_url}/vllm/v1/completions", json=body, timeout=10).content
+            fault = {"X-Sim-Fault": "empty_text"} if int((time.time() - t0) * 10) % 3 == 0 else {}
+            requests.post(f"{stack.proxy_url}/vllm/v1/completions", json=body, headers=fault, timeout=10).content
         requests.post(scenario, json={"scenario": None}, timeout=5).raise_for_status()
         time.sleep(11)  # two scrapes after the round's end
         events = [json.loads(x) for x in (tmp_path / "stack" / "records" / "scenarios.jsonl").read_text().splitlines()]
@@ -218,8 +206,33 @@ def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(t
         out = tmp_path / "ev"
         assert evidence_main(["export", "--prometheus", prom_url, "--window", "scenario:blip#1", "--out", str(out),
                               "--boards", "comparison", "--records", str(tmp_path / "stack" / "records")]) == 0
+        records = load_records(tmp_path / "stack" / "records")
     printed = capsys.readouterr().out
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["window"]["source"].startswith("records") and "records (" in printed
     assert manifest["window"]["start"] == set_at and manifest["window"]["end"] == cleared_at
-    assert "window source: records" in (out / "EVIDENCE.md").read_text()
+    md = (out / "EVIDENCE.md").read_text()
+    assert "window source: records" in md
+    _check_widened_counts(out, manifest, md, printed, [r for r in records if r["scenario"] == "blip"])
+
+
+def _check_widened_counts(out: Path, manifest: dict[str, Any], md: str, printed: str,
+                          round_records: list[dict[str, Any]]) -> None:
+    counts = manifest["exact_counts"]
+    assert counts["widened"] and counts["complete"] and counts["scrape_s"] == 5
+    assert counts["baseline"] <= manifest["window"]["start"] and counts["at"] >= manifest["window"]["end"] + 5
+    assert "- Exact counts: widened: the window (2." in md and "Widened: evaluated once at" in md
+    assert "exact counts widened" in printed
+    empty = sum(1 for r in round_records if r["reason"] == "empty_text")
+    ok = sum(1 for r in round_records if r["outcome"] == "success")
+    assert empty > 0 and ok > 0 and len(round_records) == empty + ok
+    values = {}
+    for key in ("empty_text", "success_ratio"):
+        doc = json.loads((out / f"data/comparison/{key}.json").read_text())
+        assert doc["queries"][0]["evaluated"] == {"at": counts["at"], "range_s": counts["range_s"], "widened": True}
+        series = {x["name"]: x["values"] for x in doc["queries"][0]["series"]}
+        assert all([t for t, _ in v] == [counts["at"]] for v in series.values())
+        values[key] = {name: v[0][1] for name, v in series.items()}
+    # sglang ran nothing: its series (made at start) count 0 requests, and 0 of 0 is no ratio
+    assert values == {"empty_text": {"vllm": empty, "sglang": 0},
+                      "success_ratio": {"vllm": pytest.approx(ok / (ok + empty)), "sglang": None}}

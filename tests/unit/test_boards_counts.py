@@ -1,5 +1,7 @@
-"""The boards' exact counts, through promtool's PromQL engine: right across counter resets
-(an exporter restart, with and without a stale gap), summed over several proxies.
+"""The exact counts, through promtool's PromQL engine: the boards' right across counter resets
+(an exporter restart, with and without a stale gap), summed over several proxies; evidence
+summarize's histogram P95 from exact bucket counts across a restart; and evidence export's
+exact counts of a window shorter than a scrape interval.
 
 The expressions under test are the catalogue's own (``exact_count`` and the panels built on
 it); the expected values come from a plain reference computation over the same samples.
@@ -13,6 +15,9 @@ from pathlib import Path
 import yaml
 
 from dashboards.catalogue import MIXIN, PANELS, exact_count, expand
+from dashboards.evidence.counts import covering, exact_counts
+from dashboards.evidence.summarize import histogram_p95_expr
+from dashboards.evidence.windows import Window
 
 from tests.helpers import require_prometheus
 
@@ -48,24 +53,29 @@ SERIES: dict[str, list[float | None | str]] = {
 }
 
 
+def _proxy_series(metric: str, instance: str, engine: str = "vllm", scenario: str = "short-c8", **extra: str) -> str:
+    labels = "".join(f',{k}="{v}"' for k, v in extra.items())
+    return (f'{metric}{{{MIXIN.job_selector},instance="{instance}:9464",{MIXIN.engine_label}="{engine}",'
+            f'scenario="{scenario}"{labels}}}')
+
+
 def _promtool_case(expr: str, series: dict[str, list[float | None | str]], engine: str = "vllm") -> dict:
-    return {
-        "interval": f"{STEP_S}s",
-        "input_series": [
-            {"series": f'llmbench_empty_text_responses_total{{{MIXIN.job_selector},instance="{inst}:9464",'
-                       f'{MIXIN.engine_label}="{engine}",scenario="short-c8"}}', "values": _values(vals)}
-            for inst, vals in series.items()
-        ],
-        "promql_expr_test": [],
-        "_expr": expr,
-    }
+    """The empty-text counter of one proxy per ``series`` key (its instance)."""
+    return _case({_proxy_series("llmbench_empty_text_responses_total", inst, engine): vals
+                  for inst, vals in series.items()}, expr)
 
 
-def _run(tmp_path: Path, cases: list[tuple[str, dict, list[dict]]]) -> subprocess.CompletedProcess[str]:
+def _case(series: dict[str, list[float | None | str]], expr: str) -> dict:
+    return {"interval": f"{STEP_S}s", "_expr": expr,
+            "input_series": [{"series": name, "values": _values(vals)} for name, vals in series.items()]}
+
+
+def _run(tmp_path: Path, cases: list[tuple[str, dict, list[dict]]], eval_time: str = f"{RANGE_S}s"
+         ) -> subprocess.CompletedProcess[str]:
     tests = []
     for expr, case, expected in cases:
         case = {k: v for k, v in case.items() if k != "_expr"}
-        case["promql_expr_test"] = [{"expr": expr, "eval_time": f"{RANGE_S}s", "exp_samples": expected}]
+        case["promql_expr_test"] = [{"expr": expr, "eval_time": eval_time, "exp_samples": expected}]
         tests.append(case)
     path = tmp_path / "counts.test.yml"
     path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": f"{STEP_S}s", "tests": tests}))
@@ -102,3 +112,58 @@ def test_board_panel_sums_the_proxies_exactly(tmp_path: Path) -> None:
     wrong = [{"labels": f'{{{MIXIN.engine_label}="vllm"}}', "value": sum(_naive(v) for v in SERIES.values())}]
     r = _run(tmp_path, [(expr, _promtool_case(expr, SERIES), wrong)])
     assert r.returncode != 0
+
+
+# -- evidence summarize's histogram check: the P95 from exact bucket counts ----------------------
+
+# 10 fast requests (<= 0.1 s), the proxy restarts after a stale gap, then 10 slow ones (0.5-1 s)
+_FAST = [0, 0, 0, 0, 10, 10, 10, 10, "stale", "stale", 0, 0, 0] + [0] * 8
+_SLOW = [0, 0, 0, 0, 10, 10, 10, 10, "stale", "stale", 0, 0, 10] + [10] * 8
+BUCKETS: dict[str, list[float | None | str]] = {"0.1": _FAST, "0.5": _FAST, "1": _SLOW, "+Inf": _SLOW}
+# exact buckets 10, 10, 20, 20: rank 0.95 * 20 = 19 lies in (0.5, 1], 9 of its 10 requests in
+P95_EXACT = 0.5 + (1 - 0.5) * (19 - 10) / (20 - 10)
+# max - min sees 10 in every bucket: the P95 would fall in the first one (0.095)
+P95_MAX_MINUS_MIN = 0.1 * 0.95
+
+
+def test_summarize_histogram_p95_is_right_across_a_restart(tmp_path: Path) -> None:
+    require_prometheus()
+    metric = "llmbench_e2e_request_latency_seconds"
+    series = {_proxy_series(f"{metric}_bucket", "p1", scenario="s", le=le): vals for le, vals in BUCKETS.items()}
+    # the records' span: first request at 10 s, last one ended at 62 s; 5 s scrapes
+    span = covering(10.0, 62.0, STEP_S)
+    assert span.baseline <= 10.0 and span.at >= 62.0 + STEP_S and span.at % STEP_S == 0
+    expr = histogram_p95_expr(metric, "vllm", "s", span.range_s)
+    assert "exact_count" not in expr and "sum_over_time(" in expr  # the catalogue's expression, expanded
+    expected = [{"labels": "{}", "value": P95_EXACT}]
+    r = _run(tmp_path, [(expr, _case(series, expr), expected)], eval_time=f"{span.at:.0f}s")
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    # the old query of summarize, max - min of each bucket, answers 0.095 and fails this check
+    sel = f'{metric}_bucket{{engine="vllm", scenario="s"}}[{span.range_s}s]'
+    old = f"histogram_quantile(0.95, sum by (le) (max_over_time({sel}) - min_over_time({sel})))"
+    r = _run(tmp_path, [(old, _case(series, old), expected)], eval_time=f"{span.at:.0f}s")
+    assert r.returncode != 0 and f"got: {{}} {P95_MAX_MINUS_MIN:.1E}" in r.stdout + r.stderr
+
+
+# -- evidence export: a window shorter than the scrape interval -----------------------------------
+
+def test_a_short_window_counts_from_the_scrapes_around_it(tmp_path: Path) -> None:
+    """A 2 s window between two 5 s scrapes: counted inside, the panel has no series; widened to
+    the scrape before its start and a scrape after its end, it counts the 4 requests."""
+    require_prometheus()
+    #         ... 145  150  155  160  165  (s)
+    values = [0] * 20 + [3] * 10 + [10, 14, 14, 20] + [20] * 10
+    series = {_proxy_series("llmbench_empty_text_responses_total", "p1"): values}
+    expr = PANELS["empty_text"].queries[0].expr
+    start, end = 151.0, 153.0
+    inside = expand(expr, range_s=end - start)
+    r = _run(tmp_path, [(inside, _case(series, inside), [])], eval_time=f"{end:.0f}s")
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr  # no series at all
+    span = exact_counts(Window(start, end, "test"), STEP_S, now=end + 60).span
+    assert span is not None and (span.at, span.range_s) == (160.0, 9)
+    widened = expand(expr, range_s=span.range_s)
+    expected = [{"labels": f'{{{MIXIN.engine_label}="vllm"}}', "value": 14 - 10}]
+    r = _run(tmp_path, [(widened, _case(series, widened), expected)], eval_time=f"{span.at:.0f}s")
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    # a window of two scrape intervals is counted inside it
+    assert exact_counts(Window(start, start + 2 * STEP_S, "test"), STEP_S).span is None

@@ -12,9 +12,11 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from dashboards.boards import GENERATED, MAX_DATA_POINTS, SCHEMA_VERSION
@@ -224,7 +226,25 @@ def _scale_services() -> dict[str, dict]:
     return {n: s for n, s in _compose()["services"].items() if "scale" in s.get("profiles", [])}
 
 
-def test_compose_scale_profile_two_proxies_two_engine_pairs_one_store() -> None:
+def _networks(svc: dict) -> dict[str, list[str]]:
+    """A service's networks and its aliases on each (compose puts it on ``default`` by default)."""
+    nets = svc.get("networks") or ["default"]
+    if isinstance(nets, list):
+        return {n: [] for n in nets}
+    return {n: list((v or {}).get("aliases", [])) for n, v in nets.items()}
+
+
+def _resolve(services: dict[str, dict], client: str, host: str) -> str:
+    """The one service that answers to ``host`` on ``client``'s networks (compose's DNS)."""
+    answering = {name for name, svc in services.items() for net, aliases in _networks(svc).items()
+                 if net in _networks(services[client]) and host in (name, *aliases)}
+    assert len(answering) == 1, (client, host, answering)  # neither unknown nor ambiguous
+    return answering.pop()
+
+
+def test_compose_scale_profile_two_sites_one_store() -> None:
+    """Site b repeats site a (one proxy config, one agent config) on a network of its own, where
+    its services answer to site a's host names; both agents forward to VictoriaMetrics."""
     from exporter.proxy.config import validate
 
     services, scale = _compose()["services"], _scale_services()
@@ -233,40 +253,82 @@ def test_compose_scale_profile_two_proxies_two_engine_pairs_one_store() -> None:
     vm = scale["victoriametrics"]
     assert re.fullmatch(r"victoriametrics/victoria-metrics:v\d+\.\d+\.\d+", vm["image"])  # pinned
     assert "-httpListenAddr=:8428" in vm["command"]
-    # two proxies, each in front of its own engine pair; a load generator through each
-    proxies = {"exporter": COMPOSE / "exporter.yaml", "exporter-b": COMPOSE / "scale/exporter-b.yaml"}
-    upstreams = {}
-    for name, path in proxies.items():
-        assert f"./{path.relative_to(COMPOSE)}:/etc/llm-bench/exporter.yaml:ro" in services[name]["volumes"]
-        cfg = validate(yaml.safe_load(path.read_text()))
-        upstreams[name] = {e.base_url.split("//")[1].split(":")[0] for e in cfg.engines}
-        assert {e.name for e in cfg.engines} == set(ENGINE_COLORS)  # the same engine names: summed by engine
-        assert all(u in services for u in upstreams[name])
-    assert not upstreams["exporter"] & upstreams["exporter-b"]
-    assert "http://exporter-b:9464/" in scale["loadgen-b"]["command"][0]
-    # one Prometheus agent per site, both forwarding to VictoriaMetrics, each with its site label
+    # two proxies with the one config, each in front of its own engine pair; a load generator through each
+    cfg = validate(yaml.safe_load((COMPOSE / "exporter.yaml").read_text()))
+    assert {e.name for e in cfg.engines} == set(ENGINE_COLORS)  # the same engine names: summed by engine
+    hosts = {e.base_url.split("//")[1].split(":")[0] for e in cfg.engines}
+    site_of = {"exporter": "a", "exporter-b": "b"}
+    for proxy, site in site_of.items():
+        assert "./exporter.yaml:/etc/llm-bench/exporter.yaml:ro" in services[proxy]["volumes"]
+        upstreams = {_resolve(services, proxy, h) for h in hosts}
+        assert upstreams == ({"vllm", "sglang"} if site == "a" else {"vllm-b", "sglang-b"})
+    assert "off" in scale["exporter-b"]["command"]  # the GPU board has site a's simulated GPUs
+    for loadgen, proxy in (("loadgen", "exporter"), ("loadgen-b", "exporter-b")):
+        assert _resolve(services, loadgen, "exporter") == proxy
+        assert services[loadgen]["command"] == services["loadgen"]["command"]
+    # one Prometheus agent per site, one config, both forwarding to VictoriaMetrics with their site label
     scraped = set()
     for site in ("a", "b"):
-        agent = scale[f"prometheus-agent-{site}"]
-        assert "--enable-feature=agent" in agent["command"] and ":" in agent["image"]
+        name = f"prometheus-agent-{site}"
+        agent = scale[name]
+        assert {"--enable-feature=agent", "--enable-feature=expand-external-labels"} <= set(agent["command"])
+        assert agent["environment"] == {"SITE": site}
         src = next(v.split(":")[0] for v in agent["volumes"] if v.endswith("/etc/prometheus/prometheus.yml:ro"))
+        assert src == "./scale/prometheus-agent.yml"
         doc = yaml.safe_load((COMPOSE / src).read_text())
-        assert doc["global"]["external_labels"]["site"] == site
+        assert doc["global"]["external_labels"]["site"] == "${SITE}"
         assert [w["url"] for w in doc["remote_write"]] == ["http://victoriametrics:8428/api/v1/write"]
+        assert _resolve(services, name, "victoriametrics") == "victoriametrics"
         jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in doc["scrape_configs"]}
         assert MIXIN.job in jobs and {MIXIN.vllm_job, MIXIN.sglang_job} <= set(jobs)  # the boards' selectors
-        scraped |= {t.split(":")[0] for ts in jobs.values() for t in ts}
+        scraped |= {_resolve(services, name, t.split(":")[0]) for ts in jobs.values() for t in ts}
     assert {"exporter", "exporter-b", "vllm", "vllm-b", "sglang", "sglang-b"} == scraped
 
 
-def test_compose_scale_agents_pass_promtool(tmp_path: Path) -> None:
+def _start_agent(agent: dict, config: Path, data: Path, port: int) -> subprocess.Popen[bytes]:
+    """The compose service's own Prometheus flags and environment, with local paths."""
+    local = {"--config.file": str(config), "--storage.agent.path": str(data)}
+    args = [a if a.split("=")[0] not in local else f"{a.split('=')[0]}={local[a.split('=')[0]]}" for a in agent["command"]]
+    return subprocess.Popen(["prometheus", *args, f"--web.listen-address=127.0.0.1:{port}"],
+                            env={**os.environ, **agent["environment"]}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _agent_config(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            r = requests.get(f"http://127.0.0.1:{port}/api/v1/status/config", timeout=2)
+            if r.status_code == 200:
+                return yaml.safe_load(r.json()["data"]["yaml"])
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"the agent on :{port} did not come up (exit status {proc.poll()})")
+
+
+def test_compose_scale_agents_run_the_one_config_with_their_site(tmp_path: Path) -> None:
+    """promtool accepts the agent config, and Prometheus, run with each agent service's flags and
+    environment, labels its samples with that site."""
+    from exporter.harness.stack import free_port
     from tests.helpers import require_prometheus
 
     require_prometheus()
-    for site in ("a", "b"):
-        r = subprocess.run(["promtool", "check", "config", "--agent", str(COMPOSE / f"scale/prometheus-agent-{site}.yml")],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stdout + r.stderr
+    config = COMPOSE / "scale/prometheus-agent.yml"
+    r = subprocess.run(["promtool", "check", "config", "--agent", str(config)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    agents = {site: _scale_services()[f"prometheus-agent-{site}"] for site in ("a", "b")}
+    ports = {site: free_port() for site in agents}
+    procs = {site: _start_agent(agent, config, tmp_path / site, ports[site]) for site, agent in agents.items()}
+    try:
+        for site, proc in procs.items():
+            labels = _agent_config(ports[site], proc)["global"]["external_labels"]
+            assert labels == {"stack": "llm-bench", "site": site}
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            proc.wait(timeout=30)
 
 
 def test_grafana_reads_victoriametrics_as_second_datasource() -> None:
