@@ -3,8 +3,11 @@
 Starts a simulated SGLang and a simulated vLLM (the latter with a small ``empty_text``
 rate, the seed's failure), the proxy in front of both with 8 simulated GPUs, and a real
 Prometheus with the repo's config when one is installed.  Then it runs a short plan against
-each engine in turn, like the seed, writes the dashboards and the round tables, prints
+each engine in turn, like the seed, writes the dashboards and the round tables (with
+goodput and the rounds' noise), compares the two engines (``evidence compare``), prints
 where everything is, and shuts every child down.
+
+Also ``python -m exporter.harness.demo [options]``.
 """
 
 from __future__ import annotations
@@ -19,33 +22,39 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exporter.harness.load import Driver, load_plan
-from exporter.harness.stack import ENGINES, REPO_FILES, LocalStack
+from .cliutil import (HelpFormatter, UserError, ensure_out_dir, fail, non_negative_float, positive_float,
+                      probability)
+from .load import Driver
+from .plan import Plan, PlanError, load_plan
+from .stack import ENGINES, REPO_FILES, LocalStack
+from .tables import round_table
 
-__all__ = ["add_parser", "run_demo"]
+__all__ = ["add_parser", "run_demo", "main"]
 
+#: A file that marks a directory as the demo's own output, which a later demo may clear.
+MARKER = ".llmbench-demo"
 
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _table(summaries: list[dict[str, Any]]) -> str:
-    head = f"{'engine':<8} {'scenario':<12} {'success':>9} {'tok/s':>9} {'TTFT P95 s':>11} {'TPOT P95 ms':>12} {'E2E P95 s':>10}"
-    lines = [head, "-" * len(head)]
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
-    def f(v: Any, scale: float = 1.0, nd: int = 3) -> str:
-        return "-" if v is None else f"{v * scale:.{nd}f}"
 
-    for s in summaries:
-        for cell in s["cells"]:
-            m = cell["median"]
-            lines.append(f"{s['engine']:<8} {cell['cell']['scenario']:<12} {m['success']:>4}/{m['requests']:<4} "
-                         f"{f(m['output_throughput_tok_s'], nd=1):>9} {f(m['ttft_p95_s']):>11} "
-                         f"{f(m['tpot_p95_s'], 1000, 1):>12} {f(m['e2e_p95_s']):>10}")
-        for stop in s["stops"]:
-            lines.append(f"{s['engine']:<8} stage {stop['stage']} stopped after {stop['after']}: {stop['reason']}")
-    return "\n".join(lines)
+def _prepare_out(path: str, keep: bool) -> Path:
+    """``--out``: cleared when it is an earlier demo's output, refused when it holds other files."""
+    out = Path(path).resolve()
+    if out.is_dir() and not keep and any(out.iterdir()):
+        if not ((out / MARKER).exists() or (out / "stack.yaml").exists() and (out / "logs").is_dir()):
+            raise UserError(f"--out {out} holds files that are not an earlier demo's output: "
+                            "choose another directory, or add --keep-output to write beside them")
+        shutil.rmtree(out)
+    ensure_out_dir(out)
+    (out / MARKER).write_text("written by llm-bench-exporter demo; a later demo may clear this directory\n",
+                              encoding="utf-8")
+    return out
 
 
 def _write_dashboards(out: Path) -> Path | None:
@@ -56,10 +65,6 @@ def _write_dashboards(out: Path) -> Path | None:
     target = out / "dashboards"
     write_all(target)
     return target
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _evidence(prom_url: str, window: str, out: Path) -> Path | None:
@@ -81,65 +86,108 @@ def _evidence(prom_url: str, window: str, out: Path) -> Path | None:
     return out / "evidence"
 
 
+def _compare(out: Path) -> Path | None:
+    """``evidence compare`` of the two engines, from the proxy's one records directory."""
+    try:
+        from dashboards.evidence.compare import CompareError, compare_dirs
+        from dashboards.evidence.merge import MergeError
+        from dashboards.evidence.outdir import OutDirError
+    except ImportError:
+        _say("compare: skipped (dashboards.evidence.compare is not installed)")
+        return None
+    records = out / "records"
+    try:
+        compare_dirs(records, records, out / "compare", label_a=ENGINES[0], label_b=ENGINES[1])
+    except (CompareError, MergeError, OutDirError, OSError) as exc:
+        _say(f"compare failed: {exc}")
+        return None
+    return out / "compare"
+
+
+def _start(stack: LocalStack, args: argparse.Namespace, plan: Plan) -> str | None:
+    """The engines, the proxy and (unless told not to, or missing) Prometheus; its URL."""
+    scenarios = sorted({c.scenario for st in plan.stages for c in st.cells} | {"warmup"})
+    stack.start(scenarios=scenarios, speed=args.speed, gpu=args.gpu,
+                vllm_faults=["--fault-empty-text", str(args.empty_text_rate)])
+    if args.no_prometheus:
+        _say("Prometheus: skipped (--no-prometheus)")
+        return None
+    try:
+        prom_url = stack.start_prometheus()
+    except FileNotFoundError:
+        _say("Prometheus: no `prometheus` binary on PATH, going on without it. Get one with\n"
+             "  apt-get install -y --no-install-recommends prometheus   (Debian/Ubuntu)\n"
+             f"  and it will scrape with {stack.prom_config}")
+        return None
+    _say(f"Prometheus: {prom_url} (config {stack.prom_config})")
+    return prom_url
+
+
+def _drive(stack: LocalStack, plan: Plan, out: Path, plan_name: str) -> list[dict[str, Any]]:
+    summaries = []
+    for name in ENGINES:  # one engine after the other, like the seed
+        _say(f"running plan {plan_name} against {name} ...")
+
+        async def drive(engine: str = name) -> dict[str, Any]:
+            async with Driver(f"{stack.proxy_url}/{engine}", out / "load" / engine, seed=11) as driver:
+                return await driver.run_plan(plan)
+
+        summaries.append(asyncio.run(drive()))
+    return summaries
+
+
+def _report(out: Path, stack: LocalStack, table: str, found: dict[str, Path | None], window: str,
+            keep_running: bool) -> None:
+    _say("\n" + table + "\n")
+    _say(f"records:    {out / 'records' / 'requests.jsonl'} (raw SSE of failures in {out / 'records' / 'captures'})")
+    _say(f"tables:     {out / 'load'}/<engine>/rounds.csv, summary.json; {out / 'rounds.txt'}")
+    if found["boards"]:
+        _say(f"dashboards: {found['boards']} (import into Grafana, or use compose/)")
+    _say(f"logs:       {stack.logs}")
+    if found["evidence"]:
+        _say(f"evidence:   {found['evidence']}/EVIDENCE.md (PNG boards, CSV/JSON per panel, manifest.json); "
+             f"round tables with histogram-vs-exact P95 in {out / 'summary'}")
+    if found["compare"]:
+        _say(f"compare:    {found['compare']}/compare.md ({ENGINES[1]} against {ENGINES[0]}: better, worse or "
+             "within noise per scenario and metric; CSV and one PNG per metric beside it)")
+    if stack.prom_url and keep_running:
+        _say(f"again:      evidence export --prometheus {stack.prom_url} --window {window} --out DIR")
+
+
+def _run(args: argparse.Namespace, out: Path, plan: Plan, stack: LocalStack) -> int:
+    prom_url = _start(stack, args, plan)
+    _say(f"proxy: {stack.proxy_url}  (metrics at /metrics)")
+    started = time.time()
+    summaries = _drive(stack, plan, out, args.plan)
+    ended = time.time()
+    time.sleep(args.settle)  # let Prometheus scrape the last counts
+    (out / "summary.json").write_text(json.dumps(summaries, indent=2), encoding="utf-8")
+    table = round_table(summaries)
+    (out / "rounds.txt").write_text(table + "\n", encoding="utf-8")
+    window = f"{int(started)},{int(ended + args.settle)}"
+    found = {"boards": _write_dashboards(out), "evidence": _evidence(prom_url, window, out) if prom_url else None,
+             "compare": _compare(out)}
+    _report(out, stack, table, found, window, args.keep_running)
+    if args.keep_running:
+        _say("stack left running; Ctrl-C stops it")
+        while stack.alive():
+            time.sleep(1)
+    return 0
+
+
 def run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the stack as cleanly as Ctrl-C
-    out = Path(args.out).resolve()
-    if out.exists() and not args.keep_output:
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    plan = load_plan(args.plan)
-    scenarios = sorted({c.scenario for st in plan.stages for c in st.cells} | {"warmup"})
+    try:
+        plan = load_plan(args.plan)
+        out = _prepare_out(args.out, args.keep_output)
+    except (PlanError, UserError) as exc:
+        return fail("demo", exc)
     stack = LocalStack(out)
     try:
-        stack.start(scenarios=scenarios, speed=args.speed, gpu=args.gpu,
-                    vllm_faults=["--fault-empty-text", str(args.empty_text_rate)])
-        prom_url = None
-        if args.no_prometheus:
-            _say("Prometheus: skipped (--no-prometheus)")
-        else:
-            try:
-                prom_url = stack.start_prometheus()
-                _say(f"Prometheus: {prom_url} (config {stack.prom_config})")
-            except FileNotFoundError:
-                _say("Prometheus: no `prometheus` binary on PATH, going on without it. Get one with\n"
-                     "  apt-get install -y --no-install-recommends prometheus   (Debian/Ubuntu)\n"
-                     f"  and it will scrape with {stack.prom_config}")
-        _say(f"proxy: {stack.proxy_url}  (metrics at /metrics)")
-        started = time.time()
-        summaries = []
-        for name in ENGINES:  # one engine after the other, like the seed
-            _say(f"running plan {args.plan} against {name} ...")
-
-            async def drive(engine: str = name) -> dict[str, Any]:
-                base = f"{stack.proxy_url}/{engine}"
-                async with Driver(base, out / "load" / engine, seed=11) as driver:
-                    return await driver.run_plan(plan)
-
-            summaries.append(asyncio.run(drive()))
-        ended = time.time()
-        time.sleep(args.settle)  # let Prometheus scrape the last counts
-        (out / "summary.json").write_text(json.dumps(summaries, indent=2), encoding="utf-8")
-        table = _table(summaries)
-        (out / "rounds.txt").write_text(table + "\n", encoding="utf-8")
-        boards = _write_dashboards(out)
-        window = f"{int(started)},{int(ended + args.settle)}"
-        evidence = _evidence(prom_url, window, out) if prom_url else None
-        _say("\n" + table + "\n")
-        _say(f"records:    {out / 'records' / 'requests.jsonl'} (raw SSE of failures in {out / 'records' / 'captures'})")
-        _say(f"tables:     {out / 'load'}/<engine>/rounds.csv, summary.json; {out / 'rounds.txt'}")
-        if boards:
-            _say(f"dashboards: {boards} (import into Grafana, or use compose/)")
-        _say(f"logs:       {stack.logs}")
-        if evidence:
-            _say(f"evidence:   {evidence}/EVIDENCE.md (PNG boards, CSV/JSON per panel, manifest.json); "
-                 f"round tables with histogram-vs-exact P95 in {out / 'summary'}")
-        if prom_url and args.keep_running:
-            _say(f"again:      evidence export --prometheus {prom_url} --window {window} --out DIR")
-        if args.keep_running:
-            _say("stack left running; Ctrl-C stops it")
-            while stack.alive():
-                time.sleep(1)
-        return 0
+        return _run(args, out, plan, stack)
+    except (RuntimeError, TimeoutError) as exc:  # a child that died or never got ready
+        print(f"llm-bench-exporter demo: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         _say("interrupted")
         return 130
@@ -148,18 +196,35 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="the whole stack on one machine with simulated engines")
-    p.add_argument("--out", default="demo-run", help="output directory (default: ./demo-run)")
-    p.add_argument("--plan", default=str(REPO_FILES / "examples" / "plans" / "demo.yaml"))
-    p.add_argument("--speed", type=float, default=1.5, help="simulated engine speed factor")
-    p.add_argument("--empty-text-rate", type=float, default=0.02, help="vLLM sim's empty_text fault rate")
-    p.add_argument("--gpu", default="sim:8", help="GPU collector of the proxy: off | nvml | sim:N")
-    p.add_argument("--settle", type=float, default=6.0, help="seconds to wait for a last scrape")
-    p.add_argument("--no-prometheus", action="store_true")
-    p.add_argument("--keep-running", action="store_true", help="leave the stack up until Ctrl-C")
-    p.add_argument("--keep-output", action="store_true", help="do not clear --out first")
+    p = sub.add_parser("demo", help="the whole stack on one machine with simulated engines",
+                       formatter_class=HelpFormatter, description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p.add_argument("--out", metavar="DIR", default="demo-run",
+        help="output directory; an earlier demo's output there is cleared")
+    p.add_argument("--plan", metavar="FILE", default=str(REPO_FILES / "examples" / "plans" / "demo.yaml"),
+        help="plan YAML")
+    p.add_argument("--speed", metavar="FACTOR", type=positive_float, default=1.5,
+                   help="simulated engines' speed factor: every time is divided by it")
+    p.add_argument("--empty-text-rate", metavar="P", type=probability, default=0.02,
+                   help="probability per request of the vLLM sim's empty_text fault, 0..1")
+    p.add_argument("--gpu", metavar="off|nvml|sim:N", default="sim:8",
+        help="GPU collector of the proxy: off | nvml | sim:N")
+    p.add_argument("--settle", metavar="SECONDS", type=non_negative_float, default=6.0,
+        help="seconds to wait for a last scrape")
+    p.add_argument("--no-prometheus", action="store_true", help="do not start Prometheus (default: start it "
+                                                                 "when a `prometheus` binary is on PATH)")
+    p.add_argument("--keep-running", action="store_true", help="leave the stack up until Ctrl-C (default: stop "
+                                                                "it when the plan is done)")
+    p.add_argument("--keep-output", action="store_true", help="do not clear --out first (default: clear an "
+                                                               "earlier demo's output)")
     p.set_defaults(func=run_demo)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m exporter.harness.demo [options]``: the same as ``llm-bench-exporter demo``."""
+    from exporter.cli import main as cli_main
+
+    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run_demo(argparse.Namespace()))
+    sys.exit(main())

@@ -11,26 +11,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import random
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
-import yaml
 
-from exporter.core.content import is_event_stream
 from exporter.core.analysis import RequestSpec, StreamAnalyzer
+from exporter.core.content import is_event_stream
 from exporter.proxy.records import JsonlWriter
-from exporter.core.stats import median_of_rounds, round_row
-from exporter.proxy.config import DEFAULT_SLO
 from exporter.proxy.transport import transport_reason
+
+from .cliutil import (HelpFormatter, UserError, ensure_out_dir, fail, non_negative_int, positive_float,
+                      positive_int)
+from .plan import Cell, Plan, PlanError, Stage, cell_from_options, load_plan
+from .preflight import check_base_url, check_url_syntax
+from .runner import run_plan
+from .tables import failure_summary, round_table, write_tables
 
 __all__ = ["Cell", "Stage", "Plan", "Driver", "load_plan", "make_prompt", "add_parser"]
 
@@ -47,67 +50,6 @@ _VOCAB = (
 def make_prompt(rng: random.Random, words: int) -> str:
     """``words`` random words: exactly ``words`` tokens for the simulated engines."""
     return " ".join(rng.choice(_VOCAB) for _ in range(words))
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One scenario: a request shape and a load level, run as warm-up then rounds."""
-
-    scenario: str
-    input_tokens: int
-    output_tokens: int
-    requests: int
-    concurrency: int | None = None
-    rate: float | None = None
-    rounds: int = 1
-    warmup: int = 0
-    chat: bool = False
-
-    def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.rate is None):
-            raise ValueError(f"{self.scenario}: give exactly one of concurrency and rate")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"{self.scenario}: concurrency must be >= 1")
-        if self.rate is not None and self.rate <= 0:
-            raise ValueError(f"{self.scenario}: rate must be > 0")
-        if min(self.input_tokens, self.output_tokens, self.requests, self.rounds) < 1 or self.warmup < 0:
-            raise ValueError(f"{self.scenario}: tokens, requests and rounds must be >= 1")
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    cells: list[Cell]
-    stop_after_failed_rounds: int | None = None  # stop after K consecutive rounds with a failure
-
-
-@dataclass(frozen=True)
-class Plan:
-    stages: list[Stage]
-    model: str | None = None
-
-
-def load_plan(path: str | Path) -> Plan:
-    """Read a plan YAML: ``stages: [{name, stop_after_failed_rounds?, cells: [...]}]``."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("stages"), list):
-        raise ValueError(f"{path}: expected a mapping with a 'stages' list")
-    defaults = data.get("defaults") or {}
-    stages = []
-    for i, st in enumerate(data["stages"]):
-        if not isinstance(st, dict) or not isinstance(st.get("cells"), list):
-            raise ValueError(f"{path}: stages.{i}: expected a mapping with a 'cells' list")
-        cells = []
-        for j, c in enumerate(st["cells"]):
-            try:
-                cells.append(Cell(**{**defaults, **c}))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{path}: stages.{i}.cells.{j}: {exc}") from None
-        stages.append(Stage(str(st.get("name", f"stage{i}")), cells, st.get("stop_after_failed_rounds")))
-    return Plan(stages, data.get("model"))
 
 
 @dataclass
@@ -135,7 +77,8 @@ class Driver:
     """Sends benchmark requests to one OpenAI base URL and keeps their records."""
 
     def __init__(self, base_url: str, out_dir: Path | None = None, *, model: str | None = None,
-                 seed: int = 0, label: str | None = None, timeout_s: float = 3600.0) -> None:
+                 seed: int = 0, label: str | None = None, timeout_s: float = 3600.0,
+                 check_url: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
         parts = urlsplit(self.base_url)
         segs = [s for s in parts.path.split("/") if s]
@@ -149,14 +92,22 @@ class Driver:
         self.records = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
         self.timeout_s = timeout_s
         self.session: aiohttp.ClientSession | None = None
+        self.first_error: str | None = None  # "reason: detail" of the first failed request
+        self.check_url = check_url  # check the base URL before the first request (the CLI does)
 
     async def __aenter__(self) -> Driver:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=10),
         )
-        if self.model is None:
-            self.model = await self._discover_model()
+        try:
+            if self.check_url:
+                await self.preflight()
+            elif self.model is None:
+                self.model = await self._discover_model()
+        except BaseException:
+            await self.__aexit__()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -164,6 +115,14 @@ class Driver:
             await self.session.close()
         if self.records is not None:
             self.records.close()
+
+    async def preflight(self) -> None:
+        """Check the base URL before the first request (a UserError tells what is wrong);
+        take the model name from its /v1/models when none was given."""
+        assert self.session is not None
+        found = await check_base_url(self.session, self.base_url)
+        if self.model is None:
+            self.model = found or "default"
 
     async def _discover_model(self) -> str:
         assert self.session is not None
@@ -230,6 +189,8 @@ class Driver:
                   "round": round_, "start_unix": round(wall, 6), **result.as_dict()}
         if self.records is not None:
             self.records.write(record)
+        if self.first_error is None and result.outcome != "success":
+            self.first_error = f"{result.reason}: {result.detail}" if result.detail else str(result.reason)
         return record
 
     async def run_round(self, cell: Cell, scenario: str, round_: int, n: int) -> tuple[list[dict[str, Any]], float]:
@@ -262,121 +223,105 @@ class Driver:
         return records, time.monotonic() - start
 
     async def run_plan(self, plan: Plan) -> dict[str, Any]:
-        """Every stage in order; a stage stops after K consecutive rounds with a failure."""
-        all_rows: list[dict[str, Any]] = []
-        cells_out, stops = [], []
-        for stage in plan.stages:
-            streak = 0
-            for cell in stage.cells:
-                if stage.stop_after_failed_rounds and streak >= stage.stop_after_failed_rounds:
-                    break
-                rows: list[dict[str, Any]] = []
-                if cell.warmup:
-                    await self.announce("warmup", 0)
-                    await self.run_round(cell, "warmup", 0, cell.warmup)
-                for r in range(1, cell.rounds + 1):
-                    await self.announce(cell.scenario, r)
-                    records, duration = await self.run_round(cell, cell.scenario, r, cell.requests)
-                    row = {"engine": self.label, "stage": stage.name, "scenario": cell.scenario,
-                           "round": r, **round_row(records, duration, slo=DEFAULT_SLO)}
-                    rows.append(row)
-                    streak = streak + 1 if row["failures"] else 0
-                    k = stage.stop_after_failed_rounds
-                    if k and streak >= k:
-                        stops.append({"stage": stage.name, "after": f"{cell.scenario}#{r}",
-                                      "reason": f"{k} consecutive rounds with a failed request",
-                                      "skipped": [c.scenario for c in stage.cells[stage.cells.index(cell) + 1:]]})
-                        break
-                await self.announce(None, 0)
-                cells_out.append({"stage": stage.name, "cell": asdict(cell), "rounds": rows,
-                                  "median": median_of_rounds(rows)})
-                all_rows.extend(rows)
-        summary = {"engine": self.label, "base_url": self.base_url, "model": self.model,
-                   "cells": cells_out, "stops": stops}
+        """Every stage in order (see :mod:`exporter.harness.runner`); writes the tables to
+        ``out_dir`` when there is one and returns the summary."""
+        summary = await run_plan(self, plan)
+        summary["first_error"] = self.first_error
         if self.out_dir is not None:
-            write_tables(self.out_dir, all_rows, summary)
+            write_tables(self.out_dir, summary)
         return summary
-
-
-ROUND_COLUMNS = (
-    "engine", "stage", "scenario", "round", "requests", "success", "failures", "failure_reasons",
-    "duration_s", "success_output_tokens", "output_throughput_tok_s", "ttft_p50_s", "ttft_p95_s",
-    "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_ttft_attainment", "slo_tpot_attainment", "slo_attainment",
-)
-
-
-def write_tables(out_dir: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    """``rounds.csv`` (one row per round) and ``summary.json`` (medians, stops)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "rounds.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, ROUND_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({**row, "failure_reasons": json.dumps(row.get("failure_reasons", {}), sort_keys=True)})
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
 
 
 def _plan_from_args(args: argparse.Namespace) -> Plan:
     if args.plan:
         return load_plan(args.plan)
     missing = [f for f in ("requests", "input_tokens", "output_tokens") if getattr(args, f) is None]
+    if args.concurrency is None and args.rate is None:
+        missing.append("concurrency or --rate")
     if missing:
-        raise ValueError("without --plan, give --requests, --input-tokens and --output-tokens "
-                         f"(missing: {', '.join('--' + m.replace('_', '-') for m in missing)})")
-    cell = Cell(scenario=args.scenario, input_tokens=args.input_tokens, output_tokens=args.output_tokens,
-                requests=args.requests, concurrency=args.concurrency, rate=args.rate,
-                rounds=args.rounds, warmup=args.warmup, chat=args.chat)
+        raise PlanError("without --plan, give --concurrency or --rate, --requests, --input-tokens and "
+                        f"--output-tokens (missing: {', '.join('--' + m.replace('_', '-') for m in missing)})")
+    cell = cell_from_options(scenario=args.scenario, input_tokens=args.input_tokens,
+                             output_tokens=args.output_tokens, requests=args.requests,
+                             concurrency=args.concurrency, rate=args.rate, rounds=args.rounds,
+                             warmup=args.warmup, chat=args.chat)
     return Plan([Stage("adhoc", [cell], args.stop_after_failed_rounds)])
+
+
+async def _drive(args: argparse.Namespace, plan: Plan, out: Path | None) -> dict[str, Any]:
+    async with Driver(args.base_url, out, model=args.model or plan.model, seed=args.seed, label=args.label,
+                      timeout_s=args.timeout, check_url=True) as driver:
+        return await driver.run_plan(plan)
 
 
 def cmd_load(args: argparse.Namespace) -> int:
     try:
+        args.base_url = check_url_syntax(args.base_url)
         plan = _plan_from_args(args)
-    except ValueError as exc:
-        print(f"llm-bench-exporter load: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out) if args.out else None
-
-    async def go() -> dict[str, Any]:
-        async with Driver(args.base_url, out, model=args.model or plan.model, seed=args.seed, label=args.label) as d:
-            return await d.run_plan(plan)
-
-    summary = asyncio.run(go())
-    for cell in summary["cells"]:
-        m = cell["median"]
-        tput = m["output_throughput_tok_s"]
-        ttft = m["ttft_p95_s"]
-        print(f"{summary['engine']:>8} {cell['cell']['scenario']:<14} success {m['success']}/{m['requests']}"
-              f"  throughput {tput if tput is None else round(tput, 2)} tok/s"
-              f"  TTFT P95 {ttft if ttft is None else round(ttft, 3)} s")
-    for stop in summary["stops"]:
-        print(f"stage {stop['stage']} stopped after {stop['after']}: {stop['reason']}")
+        out = ensure_out_dir(args.out) if args.out else None
+        summary = asyncio.run(_drive(args, plan, out))
+    except (UserError, PlanError) as exc:
+        return fail("load", exc)
+    except OSError as exc:
+        if not args.out:
+            raise
+        return fail("load", f"cannot write under --out {args.out}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        print("llm-bench-exporter load: interrupted", file=sys.stderr)
+        return 130
+    print(round_table([summary]))
+    failures = failure_summary([summary])
     if out is not None:
         print(f"tables in {out}/rounds.csv and {out}/summary.json")
+    if failures:
+        print(failures)
     sent = sum(c["median"]["requests"] for c in summary["cells"])
     if sent and not sum(c["median"]["success"] for c in summary["cells"]):
-        print("llm-bench-exporter load: no request succeeded", file=sys.stderr)
+        print(f"llm-bench-exporter load: no request succeeded; {failures}", file=sys.stderr)
         return 1
     return 0
 
 
+_NEEDS = ("A run without --plan needs --concurrency C or --rate R, --requests N, --input-tokens I and "
+          "--output-tokens O; a run with --plan takes every one of those from the plan file.")
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("load", help="drive benchmark load (closed or open loop)")
-    p.add_argument("--base-url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:9464/vllm")
-    p.add_argument("--scenario", default="adhoc")
+    p = sub.add_parser("load", help="drive benchmark load (closed or open loop)", description=(
+        "Closed-loop (--concurrency) or open-loop (--rate, Poisson arrivals) load against an OpenAI base "
+        "URL, judged by the proxy's own rules.  " + _NEEDS), formatter_class=HelpFormatter)
+    p.add_argument("--base-url", metavar="URL", required=True,
+                   help="OpenAI base URL (required), e.g. http://127.0.0.1:9464/vllm through the proxy")
+    p.add_argument("--scenario", metavar="NAME", default="adhoc", help="scenario label of the requests")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", type=int)
-    mode.add_argument("--rate", type=float, help="requests per second, Poisson arrivals")
-    p.add_argument("--requests", type=int, help="requests per round")
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=0, help="warm-up requests before the rounds")
-    p.add_argument("--input-tokens", type=int)
-    p.add_argument("--output-tokens", type=int)
-    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
-    p.add_argument("--plan", help="plan YAML (stages of cells)")
-    p.add_argument("--stop-after-failed-rounds", type=int)
-    p.add_argument("--model", help="model name (default: the first of /v1/models)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--label", help="engine name in the tables (default: the base URL's last path part, else host:port)")
-    p.add_argument("--out", help="directory for requests.jsonl, rounds.csv, summary.json")
+    mode.add_argument("--concurrency", metavar="C", type=positive_int,
+                      help="requests in flight at once, closed loop (default: none; without --plan give this "
+                           "or --rate)")
+    mode.add_argument("--rate", metavar="R", type=positive_float,
+                      help="requests per second, Poisson arrivals, open loop (default: none; without --plan give "
+                           "this or --concurrency)")
+    p.add_argument("--requests", metavar="N", type=positive_int,
+        help="requests per round (default: none; needed without --plan)")
+    p.add_argument("--rounds", metavar="N", type=positive_int, default=1, help="rounds per scenario")
+    p.add_argument("--warmup", metavar="N", type=non_negative_int, default=0, help="warm-up requests before the rounds")
+    p.add_argument("--input-tokens", metavar="I", type=positive_int,
+                   help="prompt length in tokens (words) (default: none; needed without --plan)")
+    p.add_argument("--output-tokens", metavar="O", type=positive_int,
+                   help="max_tokens of each request, with ignore_eos (default: none; needed without --plan)")
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")
+    p.add_argument("--plan", metavar="FILE",
+        help="plan YAML: stages of cells and sweeps, see examples/plans/ (default: none; "
+                                  "one cell from the options above)")
+    p.add_argument("--stop-after-failed-rounds", metavar="K", type=positive_int,
+                   help="stop after K consecutive rounds with a failed request (default: never)")
+    p.add_argument("--model", metavar="NAME", help="model name (default: the plan's, else the first of /v1/models)")
+    p.add_argument("--seed", metavar="N", type=int, default=0,
+        help="seed of the prompts' words and the Poisson arrivals")
+    p.add_argument("--timeout", metavar="SECONDS", type=positive_float, default=3600.0,
+        help="seconds one request may take")
+    p.add_argument("--label", metavar="NAME", help="engine name in the tables (default: the base URL's last path part, "
+                                   "else host:port)")
+    p.add_argument("--out", metavar="DIR",
+        help="directory for requests.jsonl, rounds.csv, summary.json (default: none, "
+                                 "nothing written)")
     p.set_defaults(func=cmd_load, concurrency=None)

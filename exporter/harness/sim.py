@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import random
+import math
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -32,13 +30,13 @@ from typing import Any
 
 import yaml
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .cliutil import HelpFormatter, UserError, bind_listen, fail, finite_float
+from .sim_engine import FAULTS, SimEngine
+from .sim_wire import DONE, Wire
 
 __all__ = ["SimParams", "PROFILES", "FAULTS", "create_sim_app", "add_parser", "count_prompt_tokens"]
-
-FAULTS = ("empty_text", "disconnect", "sse_error", "missing_usage", "missing_done",
-          "http_500", "http_503", "slow_first_byte")
-
 
 @dataclass(frozen=True)
 class SimParams:
@@ -93,197 +91,103 @@ def count_prompt_tokens(body: dict[str, Any]) -> int:
     return n
 
 
-class _EngineMetrics:
-    """The engine's own metric names (vLLM or SGLang), so the internals board works unchanged."""
-
-    def __init__(self, profile: str, model: str, registry: CollectorRegistry) -> None:
-        self.profile = profile
-        self.queue_time: Histogram | None
-        if profile == "vllm":
-            labels: tuple[str, ...] = ("model_name", "engine")
-            self._lv: tuple[str, ...] = (model, "0")
-            p = "vllm:"
-            self.running = Gauge(p + "num_requests_running", "Running requests.", labels, registry=registry)
-            self.waiting = Gauge(p + "num_requests_waiting", "Waiting requests.", labels, registry=registry)
-            self.kv = Gauge(p + "kv_cache_usage_perc", "KV-cache usage, 1 = 100 %.", labels, registry=registry)
-            self.queue_time = Histogram(p + "request_queue_time_seconds", "Queue time.", labels,
-                                        buckets=_LAT, registry=registry)
-        else:
-            labels = ("model_name",)
-            self._lv = (model,)
-            p = "sglang:"
-            self.running = Gauge(p + "num_running_reqs", "Running requests.", labels, registry=registry)
-            self.waiting = Gauge(p + "num_queue_reqs", "Queued requests.", labels, registry=registry)
-            self.kv = Gauge(p + "token_usage", "KV token usage, 1 = 100 %.", labels, registry=registry)
-            self.gen_throughput = Gauge(p + "gen_throughput", "Generation throughput (tok/s).", labels,
-                                        registry=registry)
-            self.queue_time = None
-        self.ttft = Histogram(p + "time_to_first_token_seconds", "Engine-side TTFT.", labels,
-                              buckets=_LAT, registry=registry)
-        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Engine-side E2E latency.", labels,
-                             buckets=_LAT, registry=registry)
-        self.prompt_tokens = Counter(p + "prompt_tokens", "Prefilled tokens.", labels, registry=registry)
-        self.gen_tokens = Counter(p + "generation_tokens", "Generated tokens.", labels, registry=registry)
-
-    def lv(self, metric: Any) -> Any:
-        return metric.labels(*self._lv)
-
-
-_LAT = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
-
-
-class SimEngine:
-    """The scheduler state of one simulated engine."""
-
-    def __init__(self, params: SimParams, registry: CollectorRegistry) -> None:
-        self.p = params
-        self.rng = random.Random(params.seed)
-        self.slots = asyncio.Semaphore(params.max_running)
-        self.prefill_lock = asyncio.Lock()
-        self.running = 0
-        self.waiting = 0
-        self.kv_tokens = 0
-        self.metrics = _EngineMetrics(params.profile, params.model, registry)
-        self._window: list[tuple[float, int]] = []
-
-    def scaled(self, seconds: float) -> float:
-        return seconds / self.p.speed
-
-    def draw_fault(self, forced: str | None) -> str | None:
-        if forced in FAULTS:
-            return forced
-        roll = self.rng.random()
-        acc = 0.0
-        for f in FAULTS:
-            acc += self.p.rate(f)
-            if roll < acc:
-                return f
-        return None
-
-    def step_time(self) -> float:
-        return self.scaled(self.p.decode_base_s + self.p.decode_per_running_s * self.running)
-
-    def update_gauges(self) -> None:
-        m = self.metrics
-        m.lv(m.running).set(self.running)
-        m.lv(m.waiting).set(self.waiting)
-        m.lv(m.kv).set(min(1.0, self.kv_tokens / self.p.kv_capacity_tokens))
-
-    def note_tokens(self, n: int) -> None:
-        m = self.metrics
-        m.lv(m.gen_tokens).inc(n)
-        if m.profile == "sglang":
-            now = time.monotonic()
-            self._window.append((now, n))
-            while self._window and self._window[0][0] < now - 5:
-                self._window.pop(0)
-            span = max(1.0, now - self._window[0][0])  # tokens over the last 1-5 s
-            m.lv(m.gen_throughput).set(sum(k for _, k in self._window) / span)
-
-
 SIM = web.AppKey("sim", SimEngine)
 
 
-def _now() -> int:
-    return int(time.time())
+def _error(message: str, code: int, kind: str = "BadRequestError") -> web.Response:
+    return web.json_response({"object": "error", "message": message, "type": kind, "param": None, "code": code},
+                             status=code)
 
 
-class _Wire:
-    """Chunks in one engine's spelling (SPEC section 8)."""
+@dataclass
+class _Job:
+    """One request as the simulated scheduler sees it."""
 
-    def __init__(self, profile: str, model: str, chat: bool) -> None:
-        self.vllm = profile == "vllm"
-        self.model = model
-        self.chat = chat
-        prefix = ("chatcmpl-" if chat else "cmpl-") if self.vllm else ""
-        self.id = prefix + uuid.uuid4().hex
-        self.created = _now()
-        self.object = "chat.completion.chunk" if chat else "text_completion"
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        doc: dict[str, Any] = {"id": self.id, "object": self.object, "created": self.created,
-                               "model": self.model, "choices": choices}
-        if not self.vllm and "usage" not in extra:
-            doc["usage"] = None
-        doc.update(extra)
-        return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
-
-    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
-        stop_key = "stop_reason" if self.vllm else "matched_stop"
-        if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish, stop_key: None}
-        if self.vllm:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
-            if not role and text is None:
-                delta = {}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        delta = {"role": "assistant" if role else None, "content": "" if role else text,
-                 "reasoning_content": None, "tool_calls": None}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}
-
-    def role(self) -> bytes:
-        return self._chunk([self._choice(None, None, role=True)])
-
-    def token(self, text: str, finish: str | None = None) -> bytes:
-        return self._chunk([self._choice(text, finish)])
-
-    def finish(self) -> bytes:
-        return self._chunk([self._choice(None, "length")])
-
-    def usage(self, prompt: int, completion: int) -> bytes:
-        return self._chunk([], usage={"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                                      "completion_tokens": completion})
-
-    def error(self) -> bytes:
-        if self.vllm:
-            err: dict[str, Any] = {"message": "Internal server error", "type": "InternalServerError",
-                                   "param": None, "code": 500}
-        else:
-            err = {"object": "error", "message": "simulated scheduler error", "type": "BadRequestError",
-                   "param": None, "code": 400}
-        return b"data: " + json.dumps({"error": err}).encode() + b"\n\n"
-
-    def document(self, text: str, prompt: int, completion: int) -> dict[str, Any]:
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": "length"}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice],
-                "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                          "completion_tokens": completion}}
+    chat: bool
+    stream: bool
+    include_usage: bool
+    max_tokens: int
+    prompt_tokens: int
+    fault: str | None
+    wire: Wire
+    arrival: float
 
 
-DONE = b"data: [DONE]\n\n"
-
-
-async def _generate(request: web.Request) -> web.StreamResponse:
-    sim = request.app[SIM]
-    p = sim.p
+async def _parse(request: web.Request, sim: SimEngine) -> _Job | web.Response:
     try:
         body = await request.json()
         if not isinstance(body, dict):
             raise ValueError
     except ValueError:
-        return web.json_response({"object": "error", "message": "invalid JSON body", "type": "BadRequestError",
-                                  "param": None, "code": 400}, status=400)
+        return _error("invalid JSON body", 400)
     chat = request.path.endswith("/chat/completions")
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
     if not isinstance(max_tokens, int) or max_tokens < 1:
-        return web.json_response({"object": "error", "message": "max_tokens must be >= 1",
-                                  "type": "BadRequestError", "param": None, "code": 400}, status=400)
+        return _error("max_tokens must be >= 1", 400)
     stream = body.get("stream") is True
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage")) or (not stream)
-    prompt_tokens = count_prompt_tokens(body)
     fault = sim.draw_fault(request.headers.get("X-Sim-Fault"))
     if fault in ("http_500", "http_503"):
         code = 500 if fault == "http_500" else 503
-        return web.json_response({"object": "error", "message": f"simulated HTTP {code}", "type": "ServerError",
-                                  "param": None, "code": code}, status=code)
-    wire = _Wire(p.profile, str(body.get("model") or p.model), chat)
-    m = sim.metrics
-    arrival = time.monotonic()
+        return _error(f"simulated HTTP {code}", code, "ServerError")
+    return _Job(chat=chat, stream=stream, max_tokens=max_tokens, prompt_tokens=count_prompt_tokens(body),
+                include_usage=bool((body.get("stream_options") or {}).get("include_usage")) or not stream,
+                fault=fault, wire=Wire(sim.p.profile, str(body.get("model") or sim.p.model), chat),
+                arrival=time.monotonic())
+
+
+async def _prefill(sim: SimEngine, job: _Job) -> None:
+    """Prefills run one at a time (the shared lock), then the engine's TTFT is observed."""
+    m, p = sim.metrics, sim.p
+    async with sim.prefill_lock:
+        await asyncio.sleep(sim.scaled(p.prefill_base_s + p.prefill_per_token_s * job.prompt_tokens))
+    m.lv(m.prompt_tokens).inc(job.prompt_tokens)
+    m.lv(m.ttft).observe(time.monotonic() - job.arrival)
+
+
+async def _whole(sim: SimEngine, job: _Job) -> web.Response:
+    """A non-streaming answer: every decode step, then one JSON document."""
+    for _ in range(job.max_tokens):
+        await asyncio.sleep(sim.step_time())
+    sim.note_tokens(job.max_tokens)
+    text = "" if job.fault == "empty_text" else "".join(f" tok{i}" for i in range(job.max_tokens))
+    sim.metrics.lv(sim.metrics.e2e).observe(time.monotonic() - job.arrival)
+    return web.json_response(job.wire.document(text, job.prompt_tokens, job.max_tokens))
+
+
+async def _stream(request: web.Request, resp: web.StreamResponse, sim: SimEngine, job: _Job) -> None:
+    """The token events, then finish/usage/[DONE] as the profile spells them, with the job's fault."""
+    wire, n, fault, vllm = job.wire, job.max_tokens, job.fault, sim.p.profile == "vllm"
+    if job.chat:
+        await resp.write(wire.role())
+    for i in range(n):
+        if i:
+            await asyncio.sleep(sim.step_time())
+        if fault == "sse_error" and i == n // 2:
+            await resp.write(wire.error())
+            break
+        if fault == "disconnect" and i == n // 2:
+            if request.transport is not None:
+                request.transport.abort()
+            return
+        finish = "length" if i == n - 1 and (vllm or not job.chat) else None
+        await resp.write(wire.token("" if fault == "empty_text" else f" tok{i}", finish))
+        sim.note_tokens(1)
+    else:
+        if job.chat and not vllm:
+            await resp.write(wire.finish())
+        if job.include_usage and fault != "missing_usage":
+            await resp.write(wire.usage(job.prompt_tokens, n))
+    if fault != "missing_done":
+        await resp.write(DONE)
+    sim.metrics.lv(sim.metrics.e2e).observe(time.monotonic() - job.arrival)
+    await resp.write_eof()
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    sim = request.app[SIM]
+    job = await _parse(request, sim)
+    if isinstance(job, web.Response):
+        return job
     sim.waiting += 1
     sim.update_gauges()
     try:
@@ -291,61 +195,26 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     finally:
         sim.waiting -= 1
     sim.running += 1
-    sim.kv_tokens += prompt_tokens + max_tokens
+    sim.kv_tokens += job.prompt_tokens + job.max_tokens
     sim.update_gauges()
-    resp: web.StreamResponse | None = None
     try:
-        queued = time.monotonic() - arrival
+        m = sim.metrics
         if m.queue_time is not None:
-            m.lv(m.queue_time).observe(queued)
-        if fault == "slow_first_byte":
-            await asyncio.sleep(sim.scaled(p.slow_first_byte_s))
-        if stream:
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-cache"})
-            await resp.prepare(request)
-        async with sim.prefill_lock:
-            await asyncio.sleep(sim.scaled(p.prefill_base_s + p.prefill_per_token_s * prompt_tokens))
-        m.lv(m.prompt_tokens).inc(prompt_tokens)
-        m.lv(m.ttft).observe(time.monotonic() - arrival)
-        if not stream:
-            for _ in range(max_tokens):
-                await asyncio.sleep(sim.step_time())
-            sim.note_tokens(max_tokens)
-            text = "" if fault == "empty_text" else "".join(f" tok{i}" for i in range(max_tokens))
-            m.lv(m.e2e).observe(time.monotonic() - arrival)
-            return web.json_response(wire.document(text, prompt_tokens, max_tokens))
-        assert resp is not None
-        if chat:
-            await resp.write(wire.role())
-        for i in range(max_tokens):
-            if i:
-                await asyncio.sleep(sim.step_time())
-            if fault == "sse_error" and i == max_tokens // 2:
-                await resp.write(wire.error())
-                break
-            if fault == "disconnect" and i == max_tokens // 2:
-                if request.transport is not None:
-                    request.transport.abort()
-                return resp
-            text = "" if fault == "empty_text" else f" tok{i}"
-            last = i == max_tokens - 1
-            finish = "length" if last and (p.profile == "vllm" or not chat) else None
-            await resp.write(wire.token(text, finish))
-            sim.note_tokens(1)
-        else:
-            if chat and p.profile == "sglang":
-                await resp.write(wire.finish())
-            if include_usage and fault != "missing_usage":
-                await resp.write(wire.usage(prompt_tokens, max_tokens))
-        if fault != "missing_done":
-            await resp.write(DONE)
-        m.lv(m.e2e).observe(time.monotonic() - arrival)
-        await resp.write_eof()
+            m.lv(m.queue_time).observe(time.monotonic() - job.arrival)
+        if job.fault == "slow_first_byte":
+            await asyncio.sleep(sim.scaled(sim.p.slow_first_byte_s))
+        if not job.stream:
+            await _prefill(sim, job)
+            return await _whole(sim, job)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await _prefill(sim, job)
+        await _stream(request, resp, sim, job)
         return resp
     finally:
         sim.running -= 1
-        sim.kv_tokens -= prompt_tokens + max_tokens
+        sim.kv_tokens -= job.prompt_tokens + job.max_tokens
         sim.slots.release()
         sim.update_gauges()
 
@@ -353,7 +222,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
 async def _models(request: web.Request) -> web.Response:
     p = request.app[SIM].p
     return web.json_response({"object": "list", "data": [
-        {"id": p.model, "object": "model", "created": _now(), "owned_by": p.profile, "max_model_len": 32768}]})
+        {"id": p.model, "object": "model", "created": int(time.time()), "owned_by": p.profile,
+         "max_model_len": 32768}]})
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -386,6 +256,51 @@ def create_sim_app(params: SimParams) -> web.Application:
     return app
 
 
+#: What each SimParams field means, with its unit (the --help text).
+_HELP = {
+    "model": "model name in answers and /v1/models",
+    "max_running": "requests decoding at once; the rest queue",
+    "prefill_base_s": "seconds of each prefill",
+    "prefill_per_token_s": "seconds per prompt token of each prefill",
+    "decode_base_s": "seconds of each decode step",
+    "decode_per_running_s": "seconds added to each decode step per running request",
+    "kv_capacity_tokens": "tokens of KV cache (the usage gauge's 100 %%)",
+    "speed": "divides every time: 2 runs twice as fast",
+    "slow_first_byte_s": "seconds of the slow_first_byte fault's delay",
+    "seed": "seed of the fault draws",
+}
+
+
+def _check_types(data: dict[str, Any], source: str) -> None:
+    """Each value has its field's type (a whole number for counts, a finite number for times)."""
+    for f in fields(SimParams):
+        if f.name not in data:
+            continue
+        v, kind = data[f.name], type(f.default)
+        ok = isinstance(v, kind) and not isinstance(v, bool)
+        if kind is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok:
+            raise ValueError(f"{source}{f.name}: expected {'a finite number' if kind is float else kind.__name__}, "
+                             f"got {v!r}")
+
+
+def _read_config(config: str, names: set[str]) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ValueError(f"--config {config}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--config {config}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config}: expected a mapping")
+    unknown = sorted(set(map(str, data)) - names)
+    if unknown:
+        raise ValueError(f"{config}: unknown keys {unknown}; known: {sorted(names)}")
+    _check_types(data, f"{config}: ")
+    return data
+
+
 def build_params(profile: str, config: str | None = None, **overrides: Any) -> SimParams:
     """Profile defaults, then a YAML file's keys, then explicit flags."""
     if profile not in PROFILES:
@@ -393,14 +308,10 @@ def build_params(profile: str, config: str | None = None, **overrides: Any) -> S
     params = PROFILES[profile]
     names = {f.name for f in fields(SimParams)} - {"profile"}
     if config:
-        data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{config}: expected a mapping")
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"{config}: unknown keys {unknown}; known: {sorted(names)}")
-        params = replace(params, **data)
-    params = replace(params, **{k: v for k, v in overrides.items() if v is not None and k in names})
+        params = replace(params, **_read_config(config, names))
+    flags = {k: v for k, v in overrides.items() if v is not None and k in names}
+    _check_types(flags, "--")
+    params = replace(params, **flags)
     total = sum(params.rate(f) for f in FAULTS)
     if total > 1 or any(params.rate(f) < 0 for f in FAULTS):
         raise ValueError("fault rates must be >= 0 and add up to at most 1")
@@ -410,31 +321,43 @@ def build_params(profile: str, config: str | None = None, **overrides: Any) -> S
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    import sys
-
     from exporter.proxy.config import parse_listen
 
     overrides = {f.name: getattr(args, f.name, None) for f in fields(SimParams) if f.name != "profile"}
     try:
         params = build_params(args.profile, args.config, **overrides)
         host, port = parse_listen(args.listen)
-    except (ValueError, OSError, yaml.YAMLError) as exc:
-        print(f"llm-bench-exporter sim: {exc}", file=sys.stderr)
-        return 2
-    web.run_app(create_sim_app(params), host=host, port=port, access_log=None, print=None)
+        sock = bind_listen(host, port)
+    except (ValueError, UserError) as exc:
+        return fail("sim", exc)
+    web.run_app(create_sim_app(params), sock=sock, access_log=None, print=None)
     return 0
 
 
+def _field_help(name: str) -> str:
+    if name.startswith("fault_"):
+        what = f"probability that a request gets the {name[6:]} fault, 0..1"
+    else:
+        what = _HELP[name]
+    values = {prof: getattr(params, name) for prof, params in sorted(PROFILES.items())}
+    shown = ", ".join(f"{prof} {v}" for prof, v in values.items()) if len(set(values.values())) > 1 \
+        else str(next(iter(values.values())))
+    return f"{what} (default: {shown})"
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("sim", help="run a simulated vLLM or SGLang engine")
-    p.add_argument("--profile", choices=sorted(PROFILES), required=True)
-    p.add_argument("--listen", default="127.0.0.1:30001", help="HOST:PORT")
-    p.add_argument("--config", help="YAML file with SimParams keys")
+    p = sub.add_parser("sim", help="run a simulated vLLM or SGLang engine", formatter_class=HelpFormatter,
+                       usage="%(prog)s --profile {sglang,vllm} [--listen HOST:PORT] [--config FILE] [options]",
+                       description="A simulated engine with the real engine's wire format and /metrics. Its "
+                                   "performance model and faults are set by the options below, a --config "
+                                   "file of the same keys, or the profile's defaults.")
+    p.add_argument("--profile", choices=sorted(PROFILES), required=True, help="engine to simulate (required)")
+    p.add_argument("--listen", default="127.0.0.1:30001", help="HOST:PORT to serve on")
+    p.add_argument("--config", help="YAML file with SimParams keys (default: none)")
     for f in fields(SimParams):
         if f.name == "profile":
             continue
-        flag = "--" + f.name.replace("_", "-")
         kind = type(f.default)
-        p.add_argument(flag, dest=f.name, type=kind if kind in (int, float) else str, default=None,
-                       help=f"default: profile's ({f.default})")
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, help=_field_help(f.name),
+                       type=(finite_float if kind is float else kind))
     p.set_defaults(func=cmd_sim)

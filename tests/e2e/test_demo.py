@@ -4,17 +4,64 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from tests.helpers import require_prometheus
+
+
+class _Output:
+    """A child's output lines, read by a thread into a queue, so that a deadline holds also
+    while the child prints nothing."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def until(self, marker: str, timeout_s: float) -> Iterator[str]:
+        """Lines up to the one containing ``marker``; fails at the deadline or at the end."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no {marker!r} from the demo within {timeout_s:.0f} s")
+            if line is None:
+                pytest.fail(f"the demo ended (status {self.proc.wait()}) before {marker!r}")
+            yield line
+            if marker in line:
+                return
+
+    def stop(self, timeout_s: float = 60) -> str:
+        """SIGINT, then the rest of the output; SIGKILL when it does not end in time."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        rest = []
+        while (line := self.lines.get(timeout=10)) is not None:
+            rest.append(line)
+        return "".join(rest)
 
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
@@ -27,16 +74,14 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     )
     lines: list[str] = []
     prom = None
+    output = _Output(proc)
+    rest = ""
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 300
-        for line in proc.stdout:
+        for line in output.until("stack left running", 300):
             lines.append(line)
             m = re.match(r"Prometheus: (http://\S+)", line)
             if m:
                 prom = m.group(1)
-            if "stack left running" in line or time.monotonic() > deadline:
-                break
         log = "".join(lines)
         assert "stack left running" in log, log
         assert prom, log
@@ -51,7 +96,8 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         assert series("vllm:generation_tokens_total") and series("sglang:generation_tokens_total")
         assert len(series("DCGM_FI_DEV_FB_USED")) == 8
         assert series("llmbench_time_to_first_token_seconds_bucket")
-        assert "sglang   short-c1" in log and "vllm     short-c32" in log
+        assert re.search(r"^sglang\s+short-c1\s", log, re.M) and re.search(r"^vllm\s+short-c32\s", log, re.M), log
+        assert "goodput %" in log and "good tok/s" in log and "SLO: TTFT <= 3.0 s" in log
         for engine in ("sglang", "vllm"):
             summary = json.loads((out / "load" / engine / "summary.json").read_text())
             assert summary["cells"] and (out / "load" / engine / "rounds.csv").exists()
@@ -62,9 +108,11 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         assert boards, "the demo writes the dashboards"
         assert (out / "evidence" / "EVIDENCE.md").exists() and (out / "evidence" / "comparison.png").exists()
         assert (out / "summary" / "summary.md").exists()
+        compare = (out / "compare" / "compare.md").read_text()
+        assert "vllm against sglang" in compare.lower() and "short-c32" in compare, compare[:500]
+        assert (out / "compare" / "compare.csv").exists() and "compare:" in log
     finally:
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=60)
+        rest = output.stop()
     assert proc.returncode in (0, 130), rest
     assert "interrupted" in rest
     # every child is gone: nothing listens on the Prometheus port any more
@@ -84,5 +132,6 @@ def test_demo_without_prometheus_says_how_to_get_it(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no `prometheus` binary on PATH" in proc.stdout and "apt-get install" in proc.stdout
-    assert "sglang   short-c2" in proc.stdout and (out / "rounds.txt").exists()
+    assert re.search(r"^sglang\s+short-c2\s", proc.stdout, re.M) and (out / "rounds.txt").exists()
+    assert (out / "compare" / "compare.md").exists(), proc.stdout
     assert (out / "prometheus" / "prometheus.yml").exists()  # ready for a Prometheus started later

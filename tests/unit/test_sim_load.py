@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,8 @@ async def test_driver_ttft_agrees_with_proxy_record(aiohttp_server: Any, proxy_f
     sim = await aiohttp_server(create_sim_app(build_params("vllm", speed=5.0)))
     proxy = await proxy_factory(sim.port)
     base = str(proxy.make_url("/vllm"))
-    cell = Cell("short-c1", input_tokens=50, output_tokens=8, requests=12, concurrency=4, rounds=1)
+    # the warm-up opens the connections, so the rounds compare steady-state timings
+    cell = Cell("short-c1", input_tokens=50, output_tokens=8, requests=12, concurrency=4, rounds=1, warmup=4)
     async with Driver(base, tmp_path / "load") as driver:
         summary = await driver.run_plan(Plan([Stage("core", [cell])]))
     proxy_recs = {r["client_request_id"]: r for r in read_records(tmp_path)}
@@ -90,6 +92,8 @@ async def test_driver_ttft_agrees_with_proxy_record(aiohttp_server: Any, proxy_f
     import json
     for line in (tmp_path / "load" / "requests.jsonl").read_text().splitlines():
         rec = json.loads(line)
+        if rec["scenario"] == "warmup":
+            continue
         prox = proxy_recs[rec["id"]]
         assert prox["id"] == rec["proxy_id"] and prox["outcome"] == rec["outcome"] == "success"
         assert (prox["scenario"], prox["round"]) == ("short-c1", 1)
@@ -116,7 +120,9 @@ async def test_plan_stop_rule(aiohttp_server: Any, tmp_path: Path) -> None:
     assert [c["cell"]["scenario"] for c in summary["cells"]] == ["r1", "r2"]
     assert [len(c["rounds"]) for c in summary["cells"]] == [2, 1]
     assert summary["stops"] == [{"stage": "rate-sweep", "after": "r2#1",
-                                 "reason": "3 consecutive rounds with a failed request", "skipped": ["r3"]}]
+                                 "reason": "3 consecutive rounds with a failed request", "skipped": ["r3"],
+                                 "first_error": "http_status: HTTP 500"}]
+    assert summary["first_error"] == "http_status: HTTP 500"
     csv_lines = (tmp_path / "out" / "rounds.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + 3
     assert summary["cells"][0]["median"]["success"] == 0 and summary["cells"][0]["median"]["requests"] == 4
@@ -125,7 +131,7 @@ async def test_plan_stop_rule(aiohttp_server: Any, tmp_path: Path) -> None:
 def test_plan_errors(tmp_path: Path) -> None:
     bad = tmp_path / "p.yaml"
     bad.write_text("stages:\n  - cells:\n      - {scenario: x, input_tokens: 1, output_tokens: 1, requests: 1}\n")
-    with pytest.raises(ValueError, match="stages.0.cells.0: x: give exactly one of concurrency and rate"):
+    with pytest.raises(ValueError, match="stages.0.cells.0: give exactly one of concurrency and rate"):
         load_plan(bad)
     bad.write_text("- 1\n")
     with pytest.raises(ValueError, match="stages"):
@@ -142,6 +148,11 @@ def test_example_plans_load() -> None:
     assert [c.rate for c in sweep.cells] == [0.3, 0.48, 0.66] and sweep.stop_after_failed_rounds == 3
     assert all(c.requests == 200 and c.rounds == 3 for c in sweep.cells)
     assert load_plan(root / "demo.yaml").stages
+    cap = load_plan(root / "capacity.yaml")
+    assert [st.sweep.over for st in cap.stages if st.sweep] == ["concurrency", "rate"]
+    assert [c.concurrency for c in cap.stages[0].cells] == [1, 2, 4, 8, 16, 32, 64]
+    assert all(c.warmup == 0 and c.requests == 200 for c in cap.stages[1].cells)
+    assert sorted(p.name for p in root.glob("*.yaml")) == ["capacity.yaml", "demo.yaml", "seed.yaml"]
 
 
 async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
@@ -161,13 +172,16 @@ async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
                         "--input-tokens", "8", "--output-tokens", "4", "--chat", "--out", str(tmp_path / "o"),
                         "--label", "sglang")
     assert rc == 0, out
-    assert "success 12/12" in out
+    assert re.search(r"^sglang\s+short-c2\s+12/12\s", out, re.M), out
     rows = (tmp_path / "o" / "rounds.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[1].startswith("sglang,adhoc,short-c2,1,6,6,0,")
+    assert "goodput %" in out and "SLO: TTFT <= 3.0 s and TPOT <= 50 ms" in out
     rc, out = await cli("--rate", "5", "--requests", "3", "--input-tokens", "8", "--output-tokens", "4")
-    assert rc == 0 and "success 3/3" in out, out
+    assert rc == 0 and re.search(r"\sadhoc\s+3/3\s", out), out
     rc, out = await cli("--concurrency", "2", "--input-tokens", "8")
     assert rc == 2 and "--requests" in out and "Traceback" not in out
-    rc, out = await cli("--concurrency", "1", "--requests", "2", "--input-tokens", "8", "--output-tokens", "4",
-                        "--model", "m", "--base-url", "http://127.0.0.1:9")  # nothing listens there
-    assert rc == 1 and "no request succeeded" in out
+    failing = await aiohttp_server(create_sim_app(build_params("vllm", speed=50.0, fault_http_500=1.0)))
+    rc, out = await cli("--concurrency", "2", "--requests", "3", "--input-tokens", "8", "--output-tokens", "4",
+                        "--base-url", f"http://127.0.0.1:{failing.port}")
+    assert rc == 1 and "Traceback" not in out, out
+    assert "no request succeeded; failures: http_status 3; first error: http_status: HTTP 500" in out, out

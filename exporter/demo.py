@@ -1,0 +1,11 @@
+"""``python -m exporter.demo``: kept for those who typed it before the demo moved to
+:mod:`exporter.harness.demo`; the same as ``llm-bench-exporter demo``."""
+
+from __future__ import annotations
+
+import sys
+
+from exporter.harness.demo import main
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

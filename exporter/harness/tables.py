@@ -1,0 +1,153 @@
+"""Round tables: ``rounds.csv`` and ``summary.json`` on disk, and the text table printed by
+``load`` and ``demo``.
+
+Each figure is the median over rounds (SPEC section 7) with, beside it, the rounds' spread
+``[min-max]``; a bootstrap 95 % interval of the median follows on its own line when the
+rounds had enough requests.  Goodput is SPEC section 11's: requests that met the SLO over
+judged requests (failures count against it), and the output tokens of those requests per
+second.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ROUND_COLUMNS", "write_tables", "round_table", "failure_summary"]
+
+ROUND_COLUMNS = (
+    "engine", "stage", "scenario", "round", "requests", "success", "failures", "failure_reasons",
+    "duration_s", "success_output_tokens", "output_throughput_tok_s", "ttft_p50_s", "ttft_p95_s",
+    "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_ttft_attainment", "slo_tpot_attainment", "slo_attainment",
+    "judged", "slo_met", "goodput_ratio", "goodput_output_tokens", "goodput_tok_s",
+)
+
+#: (median key, column title, scale, decimals) of the text table
+_FIGURES: tuple[tuple[str, str, float, int], ...] = (
+    ("output_throughput_tok_s", "tok/s", 1.0, 1),
+    ("goodput_ratio", "goodput %", 100.0, 1),
+    ("goodput_tok_s", "good tok/s", 1.0, 1),
+    ("ttft_p95_s", "TTFT P95 s", 1.0, 3),
+    ("tpot_p95_s", "TPOT P95 ms", 1000.0, 1),
+    ("e2e_p95_s", "E2E P95 s", 1.0, 3),
+)
+
+
+def _rows(summary: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    for cell in summary.get("cells", []):
+        yield from cell.get("rounds", [])
+
+
+def write_tables(out_dir: Path, summary: Mapping[str, Any]) -> None:
+    """``rounds.csv`` (one row per round) and ``summary.json`` (medians, noise, stops, sweeps)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "rounds.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, ROUND_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for row in _rows(summary):
+            w.writerow({**row, "failure_reasons": json.dumps(row.get("failure_reasons", {}), sort_keys=True)})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False), encoding="utf-8")
+
+
+def _num(v: Any, scale: float, nd: int) -> str:
+    return "-" if v is None else f"{v * scale:.{nd}f}"
+
+
+def _figure(median: Mapping[str, Any], key: str, scale: float, nd: int) -> str:
+    """``median [min-max]``; the spread only when the rounds differ."""
+    text = _num(median.get(key), scale, nd)
+    lo_hi = (median.get("spread") or {}).get(key)
+    if lo_hi and None not in lo_hi and median.get("rounds", 1) > 1:
+        text += f" [{_num(lo_hi[0], scale, nd)}-{_num(lo_hi[1], scale, nd)}]"
+    return text
+
+
+def _ci_line(median: Mapping[str, Any]) -> str | None:
+    ci = median.get("ci95") or {}
+    parts = [f"{title} {_num(ci[key][0], scale, nd)}-{_num(ci[key][1], scale, nd)}"
+             for key, title, scale, nd in _FIGURES if ci.get(key)]
+    return "    95% CI of the median: " + ", ".join(parts) if parts else None
+
+
+def _sweep_lines(engine: str, sweep: Mapping[str, Any]) -> list[str]:
+    best = sweep.get("best")
+    unit = "req/s" if sweep["over"] == "rate" else "concurrent"
+    head = f"{engine}: sweep {sweep['stage']} over {sweep['over']} (goodput target {sweep['goodput_target']}): "
+    if best is None:
+        head += "no level met the SLO"
+    else:
+        head += (f"highest level that met the SLO: {best['level']:g} {unit} ({best['scenario']}), goodput "
+                 f"{_num(best['goodput_ratio'], 100, 1)} %, {_num(best['goodput_tok_s'], 1, 1)} tok/s")
+    ended = sweep.get("ended_by") or {}
+    lines = [head]
+    if "level" in ended:
+        lines.append(f"  ended at {ended['level']:g} {unit}: {ended['reason']}; "
+                     f"SLO {_counts(ended.get('slo_results'))}; failures {_counts(ended.get('failure_reasons'))}")
+        if ended.get("first_error"):
+            lines.append(f"  first error: {ended['first_error']}")
+    else:
+        lines.append(f"  {ended.get('reason', '')}")
+    return lines
+
+
+def _counts(counts: Mapping[str, int] | None) -> str:
+    shown = {k: v for k, v in (counts or {}).items() if v}
+    return ", ".join(f"{k} {v}" for k, v in sorted(shown.items())) if shown else "none"
+
+
+def _grid(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns padded to their widest cell: text left, figures right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def _cell_rows(s: Mapping[str, Any]) -> list[tuple[list[str], str | None]]:
+    out = []
+    for cell in s.get("cells", []):
+        m = cell["median"]
+        figs = [_figure(m, key, scale, nd) for key, _, scale, nd in _FIGURES]
+        out.append(([str(s["engine"]), cell["cell"]["scenario"], f"{m['success']}/{m['requests']}", *figs],
+                    _ci_line(m)))
+    return out
+
+
+def round_table(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """The text table: one line per cell (median [spread]), CI lines, stops and sweeps."""
+    head = ["engine", "scenario", "success", *(title for _, title, _, _ in _FIGURES)]
+    cells = [row for s in summaries for row in _cell_rows(s)]
+    grid = _grid([head] + [r for r, _ in cells])
+    lines = [grid[0], "-" * max(len(g) for g in grid)]
+    for text, (_, ci) in zip(grid[1:], cells):
+        lines.append(text)
+        if ci:
+            lines.append(ci)
+    for s in summaries:
+        for stop in s.get("stops", []):
+            if not any(stop == sw.get("ended_by") for sw in s.get("sweeps", [])):
+                lines.append(f"{s['engine']}: stage {stop['stage']} stopped after {stop['after']}: {stop['reason']}")
+        for sweep in s.get("sweeps", []):
+            lines.extend(_sweep_lines(s["engine"], sweep))
+    slo = next((s["slo"] for s in summaries if s.get("slo")), None)
+    if slo:
+        lines.append(f"SLO: TTFT <= {slo['ttft_s']} s and TPOT <= {slo['tpot_s'] * 1000:g} ms; "
+                     "goodput % = requests that met it / judged requests (failures count against it); "
+                     "[min-max] = spread over rounds")
+    return "\n".join(lines)
+
+
+def failure_summary(summaries: Sequence[Mapping[str, Any]]) -> str | None:
+    """``failures: REASON N, ...; first error: DETAIL`` over every round, or None."""
+    reasons: dict[str, int] = {}
+    for s in summaries:
+        for row in _rows(s):
+            for reason, n in (row.get("failure_reasons") or {}).items():
+                reasons[reason] = reasons.get(reason, 0) + n
+    if not reasons:
+        return None
+    first = next((s["first_error"] for s in summaries if s.get("first_error")), None)
+    text = "failures: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return text + (f"; first error: {first}" if first else "")
