@@ -130,3 +130,65 @@ CASES: list[Case] = [
     Case("non_streaming_garbage", b"<html>oops</html>", "malformed", streaming=False),
     Case("empty_body_stream", b"", "missing_done"),
 ]
+
+
+# -- the fuzz campaign's findings (issue 15), as literal bytes -----------------------------------
+
+_DEEP = b"[" * 1000  # refused by orjson; the standard library recursed on it
+_VALID_DEEP_TEXT = b'{"choices":[{"text":"a","delta":{"content":[{"text":' + b"[" * 500 + b"]" * 500 + b"}]}}]}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding: bytes in, the verdict they must get; limits the analyzer runs with."""
+
+    name: str
+    body: bytes
+    reason: str | None
+    streaming: bool = True
+    max_line: int = 16 << 20
+    max_event: int = 16 << 20
+
+
+_USAGE_OK = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
+_TEXT_OK = b'data: {"choices":[{"text":"a"}]}\n\n'
+
+FINDINGS: list[Finding] = [
+    # F1: nesting about 1,000 deep, in an event, a non-streaming body, and walked after parsing.
+    Finding("f1_deep_event", _TEXT_OK + b"data: " + _DEEP + b"\n\n" + _USAGE_OK + b"data: [DONE]\n\n", "malformed"),
+    Finding("f1_deep_body", _DEEP, "malformed", streaming=False),
+    Finding("f1_deep_unterminated_last_event", _TEXT_OK + _USAGE_OK + b"data: " + _DEEP, "malformed"),
+    Finding("f1_nested_content_parts_walked",
+            b"data: " + _VALID_DEEP_TEXT + b"\n\n" + _USAGE_OK + b"data: [DONE]\n\n", None),
+    Finding("f1_nested_error_message",
+            _TEXT_OK + b'data: {"error":{"message":' + b"[" * 500 + b"]" * 500 + b"}}\n\n" + b"data: [DONE]\n\n",
+            "sse_error"),
+    Finding("f1_nested_reasoning_compared",
+            b'data: {"choices":[{"delta":{"content":"a","reasoning":' + b"[" * 500 + b"]" * 500
+            + b',"reasoning_content":' + b"[" * 500 + b"]" * 500 + b"}}]}\n\n" + _USAGE_OK + b"data: [DONE]\n\n",
+            None),
+    Finding("f1_valid_but_deeper_than_512", _TEXT_OK + b'data: {"choices":[],"x":' + b"[" * 1000 + b"]" * 1000
+            + b"}\n\n" + _USAGE_OK + b"data: [DONE]\n\n", "malformed"),
+    # F2: data lines without a blank line: the pending event is bounded by max_event_bytes.
+    Finding("f2_event_over_max_event_bytes", _TEXT_OK + b"data:xy\n" * 2000 + b"\n" + _USAGE_OK + b"data: [DONE]\n\n",
+            "malformed", max_event=1024),
+    # F3: an over-long line is skipped; a later error event is still seen (sse_error before malformed).
+    Finding("f3_long_comment_then_error", b":" + b"x" * 1024 + b'\ndata: {"error":"x"}\n\n', "sse_error",
+            max_line=1024),
+    Finding("f3_long_line_then_done_and_text", b"data: " + b"x" * 2000 + b"\n\n" + _TEXT_OK + _USAGE_OK
+            + b"data: [DONE]\n\n", "malformed", max_line=1024),
+    # F4: one rule after [DONE]: nothing after it changes the verdict.
+    Finding("f4_long_comment_after_done", _TEXT_OK + _USAGE_OK + b"data: [DONE]\n\n:" + b"x" * 2000 + b"\n\n", None,
+            max_line=1024),
+    Finding("f4_bad_json_after_done", _TEXT_OK + _USAGE_OK + b"data: [DONE]\n\ndata: {broken\n\n", None),
+    Finding("f4_error_after_done", _TEXT_OK + _USAGE_OK + b'data: [DONE]\n\ndata: {"error":"late"}\n\n', None),
+    Finding("f4_long_event_after_done", _TEXT_OK + _USAGE_OK + b"data: [DONE]\n\n" + b"data:xy\n" * 2000, None,
+            max_event=1024),
+    # F5: integers over 64 bits (orjson reads them as floats): success with and without orjson.
+    Finding("f5_usage_over_64_bits", _TEXT_OK
+            + b'data: {"choices":[],"usage":{"prompt_tokens":123456789012345678901234567890,'
+              b'"completion_tokens":18446744073709551616}}\n\n' + b"data: [DONE]\n\n", None),
+    Finding("f5_usage_float_is_not_integer", _TEXT_OK
+            + b'data: {"choices":[],"usage":{"prompt_tokens":1.0,"completion_tokens":2}}\n\ndata: [DONE]\n\n',
+            "missing_usage"),
+]

@@ -7,12 +7,13 @@ project has exactly one definition of TTFT, TPOT, E2E and success (SPEC sections
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
-from types import ModuleType
 from typing import Any
 
+from exporter.core.jsondepth import loads, loads_exact
+from exporter.core.request import RequestSpec
 from exporter.core.sse import SSEParser
+from exporter.core.visible import error_message, has_float_tokens, usage_tokens, visible_chars
 
 __all__ = [
     "REASONS",
@@ -24,25 +25,6 @@ __all__ = [
     "analyze_bytes",
     "loads",
 ]
-
-_orjson: ModuleType | None
-try:  # the ``fast`` extra: about 5x quicker per event than the standard library
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the install
-    _orjson = None
-
-
-def loads(data: bytes) -> Any:
-    """Parse one event's JSON.  orjson when installed; what it refuses (NaN, Infinity,
-    integers over 64 bits) goes to the standard library, so the verdict never depends on
-    which parser is installed.  Raises ValueError (or UnicodeDecodeError) when invalid."""
-    if _orjson is not None:
-        try:
-            return _orjson.loads(data)
-        except _orjson.JSONDecodeError:
-            pass
-    return json.loads(data.decode("utf-8"))
-
 
 #: Failure reasons in order of precedence (SPEC section 4): the first that applies wins.
 REASONS: tuple[str, ...] = (
@@ -62,108 +44,28 @@ REASONS: tuple[str, ...] = (
 #: Reasons decided by the transport, not by the bytes; the caller passes them to finish().
 TRANSPORT_REASONS: frozenset[str] = frozenset(REASONS[:5])
 
-
-@dataclass(frozen=True, slots=True)
-class RequestSpec:
-    """What the client asked for, as far as the verdict needs it."""
-
-    stream: bool = True
-    expected_tokens: int | None = None  # set only when ignore_eos fixes the length
-
-    @classmethod
-    def from_body(cls, body: bytes) -> RequestSpec:
-        """Read ``stream``, ``ignore_eos`` and the max-token fields; tolerate any garbage."""
-        try:
-            req = json.loads(body) if body else None
-        except (ValueError, UnicodeDecodeError):
-            return cls()
-        if not isinstance(req, dict):
-            return cls()
-        stream = req.get("stream") is True
-        expected = None
-        if req.get("ignore_eos") is True:
-            for key in ("max_completion_tokens", "max_tokens"):
-                n = req.get(key)
-                if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                    expected = n
-                    break
-        return cls(stream=stream, expected_tokens=expected)
-
-
-def _text_len(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):  # content parts: [{"type": "text", "text": "..."}]
-        return sum(_text_len(p.get("text")) for p in value if isinstance(p, dict))
-    return 0
-
-
-def _message_chars(msg: dict[str, Any]) -> int:
-    n = _text_len(msg.get("content"))
-    reasoning = msg.get("reasoning")
-    reasoning_content = msg.get("reasoning_content")
-    n += _text_len(reasoning)
-    if reasoning_content != reasoning:  # some servers send both spellings, same text
-        n += _text_len(reasoning_content)
-    calls = msg.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict):
-                n += _text_len(fn.get("name")) + _text_len(fn.get("arguments"))
-    return n
-
-
-def visible_chars(choices: Any) -> int:
-    """Characters of visible text in a ``choices`` list (stream chunk or full response).
-
-    Completions ``text``; chat ``delta``/``message`` ``content``, ``reasoning`` /
-    ``reasoning_content`` and tool-call name and argument fragments.  Role-only chunks,
-    empty strings and ``choices: []`` give 0.
-    """
-    if not isinstance(choices, list):
-        return 0
-    n = 0
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        n += _text_len(choice.get("text"))
-        for key in ("delta", "message"):
-            msg = choice.get(key)
-            if isinstance(msg, dict):
-                n += _message_chars(msg)
-    return n
-
-
-def _usage(obj: Any) -> tuple[int, int] | None:
-    if not isinstance(obj, dict):
-        return None
-    p, c = obj.get("prompt_tokens"), obj.get("completion_tokens")
-    if type(p) is int and type(c) is int:
-        return p, c
-    return None
-
-
-def _error_message(obj: dict[str, Any]) -> str | None:
-    err = obj.get("error")
-    if err:
-        if isinstance(err, dict):
-            return str(err.get("message") or err.get("type") or "error")
-        return str(err)
-    if obj.get("object") == "error":
-        return str(obj.get("message") or "error")
-    return None
+#: Default bound of one line and of one event (or non-streaming body) held in memory.
+DEFAULT_MAX_BYTES = 16 << 20
 
 
 @dataclass(slots=True)
 class Result:
-    """Everything measured about one request; ``outcome`` is success, failure or client_abort."""
+    """Everything measured about one request; ``outcome`` is success, failure or client_abort.
+
+    Times are seconds from t0.  ``ttft_s``: first event with visible text (SPEC 3).  ``ttfb_s``:
+    first response body byte.  ``ttfe_s``: first SSE data event whose ``choices`` list is
+    non-empty, text or not (what vLLM's bench client calls TTFT; SPEC 12).  A non-streaming
+    body is one document that arrives whole: its ``ttft_s`` and ``ttfe_s`` are the time it was
+    complete (when it has text / choices), its ``ttfb_s`` the first byte as for a stream.
+    """
 
     outcome: str
     reason: str | None
     detail: str | None
     status: int | None
     ttft_s: float | None
+    ttfb_s: float | None
+    ttfe_s: float | None
     tpot_s: float | None
     e2e_s: float | None
     prompt_tokens: int | None
@@ -197,17 +99,33 @@ class Result:
 _RESULT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Result))
 
 
+def _exact_usage(data: bytes) -> tuple[int, int] | None:
+    """The usage as the standard library reads it (integers of any size)."""
+    try:
+        doc = loads_exact(data)
+    except ValueError:
+        return None
+    return usage_tokens(doc.get("usage")) if isinstance(doc, dict) else None
+
+
+def _since(t: float | None, t0: float) -> float | None:
+    return None if t is None else t - t0
+
+
 class StreamAnalyzer:
     """Measure and judge one response from its bytes and their arrival times.
 
-    ``streaming`` selects SSE parsing; otherwise the body is one JSON document (kept up to
-    ``max_line_bytes``).  Call :meth:`feed` per read, then :meth:`finish` once.
+    ``streaming`` selects SSE parsing; otherwise the body is one JSON document, kept up to
+    ``max_event_bytes``.  A line over ``max_line_bytes`` or an event over ``max_event_bytes``
+    makes the response ``malformed`` (memory stays bounded; parsing goes on).  The response is
+    judged on its bytes up to ``data: [DONE]``: what follows it is counted in ``bytes`` and
+    E2E, and changes nothing else.  Call :meth:`feed` per read, then :meth:`finish` once.
     """
 
     __slots__ = (
-        "t0", "status", "spec", "streaming", "_parser", "_body", "_max",
-        "first_t", "last_t", "visible", "done", "usage", "error", "malformed",
-        "events", "nbytes", "response_id",
+        "t0", "status", "spec", "streaming", "_parser", "_body", "_max_event",
+        "first_t", "last_t", "first_byte_t", "first_event_t", "visible", "done", "usage",
+        "error", "malformed", "events", "nbytes", "response_id",
     )
 
     def __init__(
@@ -217,17 +135,20 @@ class StreamAnalyzer:
         spec: RequestSpec,
         *,
         streaming: bool,
-        max_line_bytes: int = 16 << 20,
+        max_line_bytes: int = DEFAULT_MAX_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.t0 = t0
         self.status = status
         self.spec = spec
         self.streaming = streaming
-        self._max = max_line_bytes
-        self._parser = SSEParser(max_line_bytes) if streaming else None
+        self._max_event = max_event_bytes
+        self._parser = SSEParser(max_line_bytes, max_event_bytes) if streaming else None
         self._body: bytearray | None = None if streaming else bytearray()
         self.first_t: float | None = None
         self.last_t: float | None = None
+        self.first_byte_t: float | None = None
+        self.first_event_t: float | None = None
         self.visible = 0
         self.done = False
         self.usage: tuple[int, int] | None = None
@@ -239,32 +160,36 @@ class StreamAnalyzer:
 
     def feed(self, chunk: bytes, now: float) -> None:
         """One read from the upstream, arrived at monotonic time ``now``."""
+        if not chunk:
+            return
         self.nbytes += len(chunk)
-        if self.status != 200:
+        if self.first_byte_t is None:
+            self.first_byte_t = now
+        if self.status != 200 or self.done:
             return
         parser = self._parser
         if parser is None:
             body = self._body
             if body is not None:
-                if len(body) + len(chunk) > self._max:
+                if len(body) + len(chunk) > self._max_event:
                     self._body = None
-                    self.malformed = self.malformed or f"response body over {self._max} bytes"
+                    self.malformed = self.malformed or f"response body over {self._max_event} bytes"
                 else:
                     body += chunk
             return
-        for event in parser.feed(chunk):
-            self._on_event(event.name, event.data, now)
-        if parser.overflow and not self.malformed:
-            self.malformed = f"SSE line over {self._max} bytes"
+        for name, data, problem in parser.feed(chunk):
+            self._on_event(name, data, problem, now)
+            if self.done:
+                break
 
     def finish(
         self, now: float, transport_error: str | None = None, detail: str | None = None
     ) -> Result:
         """End of the response at ``now``; ``transport_error`` is one of TRANSPORT_REASONS."""
-        if self.status == 200 and transport_error is None:
+        if self.status == 200 and transport_error is None and not self.done:
             if self._parser is not None:
                 for event in self._parser.close():
-                    self._on_event(event.name, event.data, now)
+                    self._on_event(event.name, event.data, event.problem, now)
             elif self._body is not None:
                 self._on_document(bytes(self._body), now)
         reason, why = self._verdict(transport_error)
@@ -275,19 +200,20 @@ class StreamAnalyzer:
         else:
             outcome = "failure"
         prompt, completion = self.usage if self.usage else (None, None)
-        ttft = tpot = None
-        if self.first_t is not None:
-            ttft = self.first_t - self.t0
-            if completion is not None and completion > 1 and self.last_t is not None:
-                tpot = (self.last_t - self.first_t) / (completion - 1)
+        tpot = None
+        if self.first_t is not None and completion is not None and completion > 1 and self.last_t is not None:
+            tpot = (self.last_t - self.first_t) / (completion - 1)
+        t0 = self.t0
         return Result(
             outcome=outcome,
             reason=reason,
             detail=detail if transport_error else why,
             status=self.status,
-            ttft_s=ttft,
+            ttft_s=_since(self.first_t, t0),
+            ttfb_s=_since(self.first_byte_t, t0),
+            ttfe_s=_since(self.first_event_t, t0),
             tpot_s=tpot,
-            e2e_s=now - self.t0,
+            e2e_s=now - t0,
             prompt_tokens=prompt,
             completion_tokens=completion,
             expected_tokens=self.spec.expected_tokens,
@@ -321,10 +247,14 @@ class StreamAnalyzer:
             return "length_mismatch", f"completion_tokens {self.usage[1]} != requested {expected}"
         return None, None
 
-    def _on_event(self, name: str | None, data: bytes, now: float) -> None:
-        self.events += 1
-        if self.done:
+    def _on_event(self, name: str | None, data: bytes, problem: str | None, now: float) -> None:
+        if self.done:  # the response is judged up to [DONE]; later bytes change nothing
             return
+        if problem is not None:
+            if self.malformed is None:
+                self.malformed = problem
+            return
+        self.events += 1
         if data == b"[DONE]":
             self.done = True
             return
@@ -335,7 +265,7 @@ class StreamAnalyzer:
     def _on_document(self, data: bytes, now: float) -> None:
         try:
             obj = loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # UnicodeDecodeError is a ValueError
             if self.malformed is None:
                 self.malformed = f"unparseable event JSON: {exc}"[:200]
             return
@@ -343,15 +273,21 @@ class StreamAnalyzer:
             if self.malformed is None:
                 self.malformed = f"event JSON is a {type(obj).__name__}, not an object"
             return
-        if self.response_id is None and isinstance(obj.get("id"), str):
-            self.response_id = obj["id"]
-        err = _error_message(obj)
+        if self.response_id is None and isinstance(rid := obj.get("id"), str):
+            self.response_id = rid[:200]
+        err = error_message(obj)
         if err is not None and self.error is None:
-            self.error = err[:200]
-        usage = _usage(obj.get("usage"))
+            self.error = err
+        raw_usage = obj.get("usage")
+        usage = usage_tokens(raw_usage)
+        if usage is None and raw_usage is not None and has_float_tokens(raw_usage):  # maybe an integer over 64 bits
+            usage = _exact_usage(data)
         if usage is not None:
             self.usage = usage
-        n = visible_chars(obj.get("choices"))
+        choices = obj.get("choices")
+        if self.first_event_t is None and isinstance(choices, list) and choices:
+            self.first_event_t = now
+        n = visible_chars(choices)
         if n:
             if self.first_t is None:
                 self.first_t = now
@@ -367,11 +303,12 @@ def analyze_bytes(
     streaming: bool = True,
     end: float | None = None,
     transport_error: str | None = None,
-    max_line_bytes: int = 16 << 20,
+    max_line_bytes: int = DEFAULT_MAX_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Result:
     """Judge a whole recorded response: ``chunks`` are (offset from t0, bytes) pairs."""
     analyzer = StreamAnalyzer(0.0, status, spec or RequestSpec(), streaming=streaming,
-                              max_line_bytes=max_line_bytes)
+                              max_line_bytes=max_line_bytes, max_event_bytes=max_event_bytes)
     last = 0.0
     for t, chunk in chunks:
         analyzer.feed(chunk, t)

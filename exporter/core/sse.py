@@ -6,8 +6,12 @@ UTF-8 character, inside ``\\r\\n`` or inside a field name.  Lines end with ``\\n
 or ``\\r`` (the SSE grammar); comment lines start with ``:``; ``data:`` may or may not be
 followed by one space; several ``data:`` lines of one event are joined with ``\\n``.
 
-A line longer than ``max_line_bytes`` stops the parser (``overflow`` is set) so that memory
-stays bounded; the caller judges the stream ``malformed``.
+Memory is bounded per stream: a line longer than ``max_line_bytes`` is skipped (its bytes are
+dropped as they arrive) and an event whose data grows past ``max_event_bytes`` is dropped.  Each
+such loss is reported in order, among the events, as an :class:`SSEEvent` whose ``problem`` is
+set, and parsing goes on: a later event (an error, ``[DONE]``) is still seen.  A skipped field
+line also drops the event it belongs to, which can no longer be known whole; a skipped comment
+line loses nothing else.
 """
 
 from __future__ import annotations
@@ -20,29 +24,44 @@ _BOM = b"\xef\xbb\xbf"
 
 
 class SSEEvent(NamedTuple):
-    """One dispatched event: the ``event:`` name (or None) and the joined ``data`` bytes."""
+    """One dispatched event: the ``event:`` name (or None) and the joined ``data`` bytes.
+
+    When ``problem`` is set the event is a notice that bytes were lost to a bound (``data`` is
+    empty): the stream cannot be judged whole, which the analyzer calls ``malformed``.
+    """
 
     name: str | None
     data: bytes
+    problem: str | None = None
 
 
 class SSEParser:
     """Feed bytes with :meth:`feed`, collect events; call :meth:`close` at end of stream."""
 
-    __slots__ = ("_buf", "_data", "_name", "_skip_lf", "_start", "max_line_bytes", "overflow")
+    __slots__ = ("_buf", "_data", "_size", "_name", "_skip_lf", "_skip_line", "_skip_event", "_start",
+                 "max_line_bytes", "max_event_bytes", "problems")
 
-    def __init__(self, max_line_bytes: int = 16 << 20) -> None:
+    def __init__(self, max_line_bytes: int = 16 << 20, max_event_bytes: int = 16 << 20) -> None:
         self._buf = bytearray()
         self._data: list[bytes] = []
+        self._size = 0  # bytes of the pending event's data
         self._name: str | None = None
         self._skip_lf = False
+        self._skip_line = False  # dropping the rest of an over-long line
+        self._skip_event = False  # dropping the rest of an event that lost bytes
         self._start: bytes | None = b""  # the stream's first bytes, until a UTF-8 BOM can be ruled out
         self.max_line_bytes = max_line_bytes
-        self.overflow = False
+        self.max_event_bytes = max_event_bytes
+        self.problems = 0
+
+    @property
+    def overflow(self) -> bool:
+        """True once any line or event went over its bound."""
+        return self.problems > 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Consume one read; return the events it completed (possibly none)."""
-        if self.overflow or not chunk:
+        if not chunk:
             return []
         if self._start is not None:  # a leading U+FEFF is not part of the stream (SSE spec)
             head = self._start + chunk
@@ -62,66 +81,93 @@ class SSEParser:
             # the line end now and drop a LF that starts the next read.
             self._skip_lf = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events: list[SSEEvent] = []
         end = chunk.rfind(b"\n")
         if end < 0:
-            self._buf += chunk
-            if len(self._buf) > self.max_line_bytes:
-                self._overflowed()
-            return []
-        if self._buf:
+            self._hold(chunk, events)
+            return events
+        if self._skip_line:  # the over-long line ends here
+            self._skip_line = False
+            first = chunk.find(b"\n")
+            block = chunk[first + 1:end]
+            lines = block.split(b"\n") if first < end else []
+        elif self._buf:
             self._buf += chunk[:end]
             block = bytes(self._buf)
             self._buf.clear()
+            lines = block.split(b"\n")
         else:
-            block = chunk[:end]
-        rest = chunk[end + 1 :]
-        if rest:
-            self._buf += rest
-        events: list[SSEEvent] = []
-        for line in block.split(b"\n"):
-            if len(line) > self.max_line_bytes:
-                self._overflowed()
-                return events
-            self._line(line, events)
-        if len(self._buf) > self.max_line_bytes:
-            self._overflowed()
+            lines = chunk[:end].split(b"\n")
+        limit = self.max_line_bytes
+        for line in lines:
+            if len(line) > limit:
+                self._lost_line(line[:1], events)
+            else:
+                self._line(line, events)
+        if end + 1 < len(chunk):
+            self._hold(chunk[end + 1:], events)
         return events
 
     def close(self) -> list[SSEEvent]:
         """End of stream: an unterminated last line and a pending event are dispatched."""
         events: list[SSEEvent] = []
-        if self.overflow:
-            return events
         if self._start:  # fewer than three bytes arrived, all a prefix of the BOM
             self._buf += self._start
             self._start = None
-        if self._buf:
+        if self._buf and not self._skip_line:
             line = bytes(self._buf)
             self._buf.clear()
             self._line(line, events)
+        self._skip_line = False
         self._dispatch(events)
         return events
 
     @property
     def pending_bytes(self) -> int:
-        """Bytes held for an unfinished line (bounded by ``max_line_bytes``)."""
-        return len(self._buf)
+        """Bytes held: an unfinished line plus the pending event's data (both bounded)."""
+        return len(self._buf) + self._size
 
-    def _overflowed(self) -> None:
-        self.overflow = True
-        self._buf = bytearray()
-        self._data.clear()
+    # -- internals -------------------------------------------------------------------------
+
+    def _hold(self, rest: bytes, events: list[SSEEvent]) -> None:
+        """Keep the start of an unfinished line, unless it is already over the bound."""
+        if not rest or self._skip_line:
+            return
+        if len(self._buf) + len(rest) > self.max_line_bytes:
+            head = bytes(self._buf[:1]) or rest[:1]
+            self._buf.clear()
+            self._skip_line = True
+            self._lost_line(head, events)
+        else:
+            self._buf += rest
+
+    def _lost_line(self, head: bytes, events: list[SSEEvent]) -> None:
+        self.problems += 1
+        events.append(SSEEvent(None, b"", f"SSE line over {self.max_line_bytes} bytes"))
+        if head != b":":  # a field line: its event cannot be known whole
+            self._drop_event()
+
+    def _drop_event(self) -> None:
+        self._data = []
+        self._size = 0
+        self._skip_event = True
 
     def _line(self, line: bytes, events: list[SSEEvent]) -> None:
         if not line:
             self._dispatch(events)
             return
-        if line[0] == 0x3A:  # ':' comment
+        if line[0] == 0x3A or self._skip_event:  # ':' comment, or the rest of a dropped event
             return
         field, colon, value = line.partition(b":")
         if colon and value[:1] == b" ":
             value = value[1:]
         if field == b"data":
+            self._size += len(value) + 1
+            if self._size > self.max_event_bytes:
+                self.problems += 1
+                events.append(SSEEvent(None, b"", f"SSE event over {self.max_event_bytes} bytes"))
+                self._drop_event()
+                return
             self._data.append(value)
         elif field == b"event":
             self._name = value.decode("utf-8", "replace")
@@ -131,4 +177,7 @@ class SSEParser:
             data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
             events.append(SSEEvent(self._name, data))
             self._data = []
+        if self._size or self._skip_event:
+            self._size = 0
+            self._skip_event = False
         self._name = None

@@ -121,7 +121,7 @@ def test_every_single_byte_boundary(case: Case) -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_same_verdict_without_orjson(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     """The standard-library parser and orjson (the ``fast`` extra) judge alike."""
-    import exporter.core.analysis as core
+    import exporter.core.jsondepth as core
 
     with_fast = _judge(case)
     monkeypatch.setattr(core, "_orjson", None)
@@ -138,3 +138,29 @@ def test_loads_falls_back_for_what_orjson_refuses() -> None:
         loads(b"{broken")
     with pytest.raises(ValueError):  # UnicodeDecodeError is a ValueError
         loads(b'{"text": "\xff"}')  # not UTF-8
+
+
+def test_ttfe_counts_empty_text_chunks_ttft_does_not() -> None:
+    """SPEC 12: ttfe_s is the first event with a non-empty ``choices`` (vLLM's bench TTFT)."""
+    empty = '{"choices":[{"index":0,"text":"","finish_reason":null}]}'
+    body = [sse(empty), sse(empty), sse('{"choices":[]}'), sse('{"choices":[{"text":"hi"}]}'),
+            sse('{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}', "[DONE]")]
+    an = StreamAnalyzer(100.0, 200, RequestSpec(), streaming=True)
+    an.feed(b": keep-alive\n\n", 100.05)  # the first body byte: a comment
+    for t, read in zip((100.1, 100.2, 100.5, 102.0, 102.1), body):
+        an.feed(read, t)
+    r = an.finish(102.2)
+    assert r.ok
+    assert r.ttfb_s == pytest.approx(0.05) and r.ttfe_s == pytest.approx(0.1) and r.ttft_s == pytest.approx(2.0)
+    assert {"ttfb_s", "ttfe_s", "ttft_s"} <= set(r.as_dict())
+
+
+def test_ttfb_and_ttfe_of_a_non_streaming_body() -> None:
+    """A JSON body arrives whole: ttfe and ttft are the time it was complete, ttfb its first byte."""
+    body = b'{"choices":[{"text":"hello"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    r = analyze_bytes([(0.2, body[:10]), (0.7, body[10:])], spec=RequestSpec(stream=False), streaming=False, end=0.8)
+    assert r.ok and (r.ttfb_s, r.ttfe_s, r.ttft_s) == (0.2, 0.8, 0.8)
+    empty = analyze_bytes([(0.2, b'{"choices":[]}')], spec=RequestSpec(stream=False), streaming=False)
+    assert (empty.ttfb_s, empty.ttfe_s, empty.ttft_s) == (0.2, None, None)
+    none = StreamAnalyzer(0.0, None, RequestSpec(), streaming=True).finish(1.0, "connect_error")
+    assert (none.ttfb_s, none.ttfe_s, none.ttft_s) == (None, None, None)

@@ -1,0 +1,222 @@
+"""Usage for clients that do not ask for it (SPEC section 13).
+
+:func:`inject_usage` adds ``stream_options.include_usage = true`` to a streaming request that
+lacks it, without re-serializing the body; :class:`UsageEventFilter` then leaves the
+usage-only event out of what the client receives and passes every other byte unchanged.
+Both are pure and incremental; neither holds more than one event.
+"""
+
+from __future__ import annotations
+
+import json
+
+from exporter.core.jsondepth import loads
+from exporter.core.request import RequestSpec, top_level_members
+
+__all__ = ["inject_usage", "UsageEventFilter", "is_usage_only"]
+
+_WS = b" \t\r\n"
+_BOM = b"\xef\xbb\xbf"
+
+
+def inject_usage(body: bytes, spec: RequestSpec) -> bytes | None:
+    """The body with ``stream_options.include_usage = true`` for a streaming request that does
+    not ask for usage; None when nothing is to be added (not streaming, already asked, or not
+    a JSON object whose ``stream_options`` is an object or missing).
+
+    The new member is appended before the body's final ``}``: one copy of the body, no
+    re-serialization.  The body then holds ``stream_options`` twice when the client sent it
+    with ``include_usage`` false or absent; the last one wins.  vLLM
+    (``vllm/entrypoints/openai/api_server.py``, ``create_completion(request: CompletionRequest,
+    raw_request)``) and SGLang (``sglang/srt/entrypoints/http_server.py``,
+    ``openai_v1_completions(request: CompletionRequest, raw_request)``) both take the body as
+    a pydantic model parameter of a FastAPI route; FastAPI decodes it with the standard
+    library's ``json.loads`` (Starlette's ``Request.json``), whose dict keeps the last
+    duplicate key, before pydantic validates it.  The other keys of the client's
+    ``stream_options`` are copied into the new one.
+    """
+    if not spec.stream or spec.wants_usage:
+        return None
+    members = top_level_members(body)
+    if members is None:
+        return None
+    options = members.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return None
+    end = len(body)
+    while end and body[end - 1] in _WS:
+        end -= 1
+    if not end or body[end - 1] != 0x7D:  # '}'
+        return None
+    inner = end - 1
+    while inner and body[inner - 1] in _WS:
+        inner -= 1
+    sep = b"" if inner and body[inner - 1] == 0x7B else b","  # '{': an empty object
+    merged = {**(options or {}), "include_usage": True}
+    member = b'"stream_options":' + json.dumps(merged, separators=(",", ":")).encode()
+    return b"".join((body[:end - 1], sep, member, body[end - 1:]))
+
+
+def is_usage_only(data: bytes) -> bool:
+    """An event's data is a usage-only chunk: a JSON object with ``choices == []`` and a
+    ``usage`` object."""
+    try:
+        doc = loads(data)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("choices") == [] and isinstance(doc.get("usage"), dict)
+
+
+def _is_usage_event(lines: list[bytes]) -> bool:
+    """The lines of one event (terminators included) form a usage-only event without a name."""
+    data: list[bytes] = []
+    for line in lines:
+        line = line.rstrip(b"\r\n")
+        if line[:1] == b":":
+            continue
+        field, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        if field == b"event":
+            return False
+        if field == b"data":
+            data.append(value)
+    return bool(data) and is_usage_only(b"\n".join(data))
+
+
+class UsageEventFilter:
+    """Pass an SSE stream through, leaving out the usage-only events.
+
+    :meth:`feed` returns the bytes to send the client now; :meth:`flush`, at the end of the
+    stream, the rest.  Dropped are exactly the events whose data is a usage-only chunk (see
+    :func:`is_usage_only`) and that carry no ``event:`` name: their field lines and their
+    terminating blank line.  Every other byte passes unchanged and in order: comment lines
+    (also those inside a dropped event), other events, ``[DONE]``, blank lines, line endings
+    ``\\n``, ``\\r\\n`` and ``\\r`` (also a CRLF split across reads), a leading BOM.  Bytes are
+    held only while they may belong to a usage-only event: the current event, at most
+    ``max_event_bytes``; past that the event passes through unjudged.
+    """
+
+    __slots__ = ("_max", "_line", "_line_len", "_block", "_size", "_passing", "_cr_dest", "_start")
+
+    def __init__(self, max_event_bytes: int = 16 << 20) -> None:
+        self._max = max_event_bytes
+        self._line = bytearray()  # the current line's bytes not yet placed
+        self._line_len = 0  # bytes of the current line before its terminator, placed or not
+        self._block: list[bytes] = []  # held lines of the current event, terminators included
+        self._size = 0
+        self._passing = False  # the current event is too big to hold: it passes through
+        self._cr_dest: str | None = None  # where a line that ended in a read-final CR went
+        self._start: bytes | None = b""  # the stream's first bytes until a BOM is ruled out
+
+    def feed(self, data: bytes) -> bytes:
+        out = bytearray()
+        if self._start is not None:
+            head = self._start + data
+            if len(head) < 3 and _BOM.startswith(head):
+                self._start = head
+                return b""
+            self._start = None
+            if head.startswith(_BOM):
+                out += _BOM
+                head = head[3:]
+            data = head
+        if self._cr_dest is not None and data:
+            if data[:1] == b"\n":  # the second half of a CRLF: it goes where its line went
+                self._place_lf(out)
+                data = data[1:]
+            self._cr_dest = None
+        pos = 0
+        n = len(data)
+        cr = data.find(b"\r")
+        lf = data.find(b"\n")
+        while pos < n:
+            if 0 <= cr < pos:
+                cr = data.find(b"\r", pos)
+            if 0 <= lf < pos:
+                lf = data.find(b"\n", pos)
+            if cr < 0 and lf < 0:
+                self._partial(data[pos:], out)
+                break
+            if cr < 0 or 0 <= lf < cr:
+                end = lf + 1
+            elif cr + 1 < n:
+                end = cr + 2 if data[cr + 1] == 0x0A else cr + 1
+            else:  # a CR that ends the read: its LF may come next
+                end = cr + 1
+                self._cr_dest = "pending"
+            self._partial(data[pos:end], out, complete=True)
+            pos = end
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        out = bytearray()
+        if self._start:
+            out += self._start
+            self._start = None
+        if self._line_len:
+            self._end_line(out)
+        if self._block:
+            self._end_event(out)
+        self._reset()
+        return bytes(out)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._block = []
+        self._size = 0
+        self._passing = False
+
+    def _place_lf(self, out: bytearray) -> None:
+        if self._cr_dest == "out":
+            out += b"\n"
+        elif self._cr_dest == "held" and self._block:
+            self._block[-1] += b"\n"
+
+    def _partial(self, piece: bytes, out: bytearray, complete: bool = False) -> None:
+        """Bytes of the current line; ``complete`` when they end with its terminator."""
+        self._line_len += len(piece.rstrip(b"\r\n")) if complete else len(piece)
+        if self._passing:
+            out += piece
+        else:
+            self._line += piece
+            if self._size + len(self._line) > self._max:  # too big to judge: let it through
+                out += b"".join(self._block)
+                out += self._line
+                self._line.clear()
+                self._block = []
+                self._passing = True
+        if complete:
+            self._end_line(out)
+
+    def _end_line(self, out: bytearray) -> None:
+        line = bytes(self._line)
+        blank = self._line_len == 0
+        self._line.clear()
+        self._line_len = 0
+        dest = "out"
+        if self._passing:
+            if blank:
+                self._reset()
+        elif blank:
+            dest = self._end_event(out, line)
+        elif line[:1] == b":" and not self._block:
+            out += line
+        else:
+            self._block.append(line)
+            self._size += len(line)
+            dest = "held"
+        if self._cr_dest == "pending":
+            self._cr_dest = dest
+
+    def _end_event(self, out: bytearray, blank: bytes = b"") -> str:
+        """The current event is complete: drop it (keeping its comments) or pass it."""
+        block = self._block
+        self._reset()
+        if block and _is_usage_event(block):
+            out += b"".join(line for line in block if line[:1] == b":")
+            return "drop"
+        out += b"".join(block)
+        out += blank
+        return "out"
