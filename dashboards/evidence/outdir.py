@@ -7,23 +7,9 @@ import os
 import shutil
 from pathlib import Path
 
+from exporter.paths import OutDirError, make_dir
+
 __all__ = ["OutDirError", "prepare_out", "make_dir", "check_out"]
-
-
-class OutDirError(OSError):
-    """The output directory cannot be used; the message says why (exit status 2)."""
-
-
-def make_dir(path: Path) -> None:
-    """``mkdir -p`` with an OutDirError that names the path and the cause."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise OutDirError(f"cannot create output directory {path}: a file of that name is in the way") from None
-    except OSError as exc:
-        raise OutDirError(f"cannot create output directory {path}: {exc.strerror or exc}") from None
-    if not path.is_dir():
-        raise OutDirError(f"cannot create output directory {path}: not a directory")
 
 
 def _refuse_to_clear(path: Path) -> str | None:

@@ -10,6 +10,8 @@ import socket
 import sys
 from pathlib import Path
 
+from exporter.paths import OutDirError, make_dir
+
 __all__ = ["UserError", "fail", "ensure_out_dir", "bind_listen", "finite_float", "positive_float",
            "positive_int", "non_negative_int", "non_negative_float", "probability", "HelpFormatter"]
 
@@ -29,18 +31,10 @@ def _reason(exc: OSError) -> str:
 
 def ensure_out_dir(path: str | Path, option: str = "--out") -> Path:
     """Create ``path`` (and parents) and check that a file can be written in it."""
-    out = Path(path)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise UserError(f"cannot create {option} {out}: a file of that name exists") from None
-    except OSError as exc:
-        raise UserError(f"cannot create {option} {out}: {_reason(exc)}") from None
-    if not out.is_dir():
-        raise UserError(f"cannot create {option} {out}: not a directory")
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write in {option} {out}: permission denied")
-    return out
+        return make_dir(path, option)
+    except OutDirError as exc:
+        raise UserError(str(exc)) from None
 
 
 def bind_listen(host: str, port: int) -> socket.socket:
