@@ -9,14 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from dashboards.boards import GENERATED, build_all, render_json
-from dashboards.catalogue import BOARDS, PANELS, ROUND_ANNOTATIONS, expand
-from dashboards.rules import RULES_FILE, render_rules
-from exporter.harness.stack import render_prometheus_config
+from dashboards.catalogue import PANELS, ROUND_ANNOTATIONS, expand
 
-from tests.helpers import require_prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 import yaml
 
 from dashboards.catalogue import BOARDS

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import signal
 from pathlib import Path
@@ -14,7 +13,7 @@ import yaml
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
 
-from tests.helpers import read_records, stream_events
+from tests.helpers import stream_events
 
 REQ = {"prompt": "x", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
 

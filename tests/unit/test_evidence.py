@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import http.server
 import json
-import math
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-import matplotlib.image as mpimg
 import pytest
 
-from dashboards.catalogue import BOARDS
 from dashboards.evidence.decode import decode_capture
 from dashboards.evidence.cli import main as evidence_main
-from dashboards.evidence.export import GRAFANA_TOKEN_ENV, verify_manifest
 from dashboards.evidence.promapi import Prometheus
-from dashboards.evidence.render import png_size
-from dashboards.evidence.summarize import summarize
 from dashboards.evidence.windows import WindowError, parse_window
 from exporter.harness.sim import FAULTS, build_params, create_sim_app
 

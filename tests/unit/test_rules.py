@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import math
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from dashboards.boards import GENERATED, build_all, render_json

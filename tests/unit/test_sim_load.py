@@ -11,7 +11,7 @@ import pytest
 
 from exporter.core.analysis import RequestSpec, StreamAnalyzer
 from exporter.harness.load import Cell, Driver, Plan, Stage, load_plan
-from exporter.harness.sim import FAULTS, build_params, count_prompt_tokens, create_sim_app
+from exporter.harness.sim import build_params, count_prompt_tokens, create_sim_app
 
 from tests.helpers import INTENDED, read_records
 
