@@ -234,6 +234,7 @@ def test_every_option_shows_its_default(command: str, tmp_path: Path, monkeypatc
         assert "A run without --plan needs --concurrency C or --rate R, --requests N" in " ".join(proc.stdout.split())
 
 
+@pytest.mark.slow  # a subprocess or a whole-tree tool: runs in the full suite
 @pytest.mark.parametrize("module", ["exporter.harness.demo", "exporter.demo"])
 def test_python_m_demo_is_the_demo_command(module: str) -> None:
     proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,

@@ -50,6 +50,7 @@ def test_gpu_values() -> None:
     assert validate({**base, "gpu": "nvml"}).gpu == "nvml"
 
 
+@pytest.mark.slow  # a subprocess or a whole-tree tool: runs in the full suite
 def test_serve_refuses_invalid_file_with_status_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("engines:\n  - name: vllm\n    upstream: not-a-url\n")

@@ -154,6 +154,7 @@ def _compose() -> dict:
     return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
 
 
+@pytest.mark.slow  # a subprocess or a whole-tree tool: runs in the full suite
 def test_compose_with_docker_compose_schema() -> None:
     binary = shutil.which("docker-compose")
     if binary is None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ async def _run(aiohttp_server: Any, tmp_path: Path, plan_text: str, **sim: Any) 
         return await driver.run_plan(load_plan(plan_file))
 
 
+@pytest.mark.slow  # a subprocess or a whole-tree tool: runs in the full suite
 async def test_concurrency_sweep_stops_where_the_slo_breaks(aiohttp_server: Any, tmp_path: Path) -> None:
     summary = await _run(aiohttp_server, tmp_path, CONCURRENCY_SWEEP, **KNOWN_CAPACITY)
     (sweep,) = summary["sweeps"]

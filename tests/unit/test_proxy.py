@@ -36,6 +36,8 @@ async def test_byte_exact_pass_through_and_success(upstream, proxy_factory, tmp_
     assert rec["client_request_id"] == "req-1" and rec["id"] == resp.headers["X-LLMBench-Request-Id"]
     assert (rec["completion_tokens"], rec["prompt_tokens"], rec["visible_chars"]) == (2, 4, 5)
     assert rec["ttft_s"] > 0 and rec["e2e_s"] >= rec["ttft_s"] and rec["capture"] is None
+    assert (rec["model"], rec["usage_injected"]) == ("m", False)
+    assert 0 <= rec["timing_uncertainty_s"] < 10
     assert up.seen[0]["path"] == "/v1/completions"
     assert json.loads(up.seen[0]["body"]) == REQ
     assert up.seen[0]["headers"]["Accept-Encoding"] == "identity"

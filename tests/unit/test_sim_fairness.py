@@ -47,6 +47,7 @@ async def _serve(port: int, cell: Cell) -> int:
     return sum(r["completion_tokens"] or 0 for r in records if r["outcome"] == "success")
 
 
+@pytest.mark.slow  # a subprocess or a whole-tree tool: runs in the full suite
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_both_profiles_cost_the_same_cpu_per_token_at_c32(tmp_path: Path) -> None:
     """Process CPU time of each profile's sim serving the same load (C32), in the order

@@ -155,6 +155,7 @@ def test_example_plans_load() -> None:
     assert sorted(p.name for p in root.glob("*.yaml")) == ["capacity.yaml", "demo.yaml", "seed.yaml"]
 
 
+@pytest.mark.slow  # a subprocess or a whole-tree tool: runs in the full suite
 async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
     import asyncio
     import sys

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a subprocess or a whole-tree tool: runs in the full suite
 def test_mypy_passes() -> None:
     if shutil.which("mypy") is None and subprocess.run([sys.executable, "-m", "mypy", "--version"],
                                                         capture_output=True).returncode != 0:
