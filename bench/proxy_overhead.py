@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import signal
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.core.analysis import RequestSpec, StreamAnalyzer  # noqa: E402
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
+from bench.timing_procs import cpu_of_tree  # noqa: E402
 from exporter.core.stats import percentile  # noqa: E402
 
 
@@ -90,11 +90,6 @@ async def batch(session: aiohttp.ClientSession, url: str, n: int, conc: int, pac
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def run(args: argparse.Namespace, paths: dict[str, str], pids: dict[str, int]) -> None:
     """``paths``: name -> URL, "direct" first; ``pids``: name -> process whose CPU to count."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
@@ -118,20 +113,21 @@ async def run(args: argparse.Namespace, paths: dict[str, str], pids: dict[str, i
         rates: dict[str, tuple[float, float | None]] = {}
         for name, url in paths.items():
             pid = pids.get(name)
-            cpu0 = cpu_seconds(pid) if pid else 0.0
+            cpu0 = cpu_of_tree(pid) if pid else 0.0
             t0 = time.monotonic()
             res = await batch(s, url, args.requests, 32, 0.0)
             elapsed = time.monotonic() - t0
             events = sum(e for _, e in res)
-            rates[name] = (events / elapsed, (cpu_seconds(pid) - cpu0) / max(1, events) if pid else None)
+            rates[name] = (events / elapsed, (cpu_of_tree(pid) - cpu0) / max(1, events) if pid else None)
         print("\nsaturated pass-through, 32 streams:")
         for name, (rate, cpu) in rates.items():
             extra = "" if cpu is None else f", {cpu * 1e6:.1f} µs CPU per event"
             print(f"  {name:<7} {rate:>10,.0f} events/s (x{rate / rates['direct'][0]:.2f} of direct){extra}")
-        if "nginx" in rates:
-            (pr, pc), (nr, nc) = rates["proxy"], rates["nginx"]
-            assert pc is not None and nc is not None
-            print(f"  proxy vs nginx: {pr / nr:.2f}x the events/s, {pc / nc:.1f}x the CPU per event")
+        for name in ("proxy", "before"):
+            if "nginx" in rates and name in rates:
+                (pr, pc), (nr, nc) = rates[name], rates["nginx"]
+                assert pc is not None and nc is not None
+                print(f"  {name} vs nginx: {pr / nr:.2f}x the events/s, {pc / nc:.1f}x the CPU per event")
 
 
 NGINX_CONF = """
@@ -169,6 +165,9 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=64)
     ap.add_argument("--interval-ms", type=float, default=5.0)
     ap.add_argument("--no-nginx", action="store_true", help="leave nginx out even when installed")
+    ap.add_argument("--before", type=Path, metavar="DIR",
+                    help="also run the proxy of another source tree (e.g. `git archive HEAD | tar -x -C DIR`) "
+                         "as path 'before', side by side")
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_upstream:
@@ -186,6 +185,14 @@ def main() -> int:
     children.append(Child("proxy", exporter_argv("serve", "--config", str(cfg)), tmp))
     paths = {"direct": f"http://127.0.0.1:{up_port}/v1/completions",
              "proxy": f"http://127.0.0.1:{proxy_port}/up/v1/completions"}
+    if args.before:
+        before_port = free_port()
+        cfg_before = tmp / "before.yaml"
+        cfg_before.write_text(cfg.read_text().replace(f":{proxy_port}\n", f":{before_port}\n", 1)
+                              .replace("/records", "/records-before"))
+        code = f"import sys; sys.path.insert(0, {str(args.before.resolve())!r}); from exporter.cli import main; sys.exit(main())"
+        children.append(Child("before", [sys.executable, "-c", code, "serve", "--config", str(cfg_before)], tmp))
+        paths["before"] = f"http://127.0.0.1:{before_port}/up/v1/completions"
     nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
     if nginx and not args.no_nginx:
         nginx_port = free_port()
@@ -195,12 +202,14 @@ def main() -> int:
     try:
         wait_http(f"http://127.0.0.1:{up_port}/health", 30, children[0])
         wait_http(f"http://127.0.0.1:{proxy_port}/-/ready", 30, children[1])
+        if "before" in paths:
+            wait_http(paths["before"].replace("/up/v1/completions", "/-/ready"), 30, children[2])
         if "nginx" in paths:
-            wait_http(paths["nginx"].replace("/v1/completions", "/health"), 30, children[2])
+            wait_http(paths["nginx"].replace("/v1/completions", "/health"), 30, children[-1])
         elif not args.no_nginx:
             print("nginx not found (apt-get install nginx-light): no reference proxy in this run")
         print(f"{args.chunks} events a stream, paced {args.interval_ms} ms; {args.requests} requests per cell\n")
-        pids = {name: c.proc.pid for name, c in (("proxy", children[1]), ("nginx", children[-1])) if name in paths}
+        pids = {c.name: c.proc.pid for c in children[1:] if c.name in paths}
         asyncio.run(run(args, paths, pids))
     finally:
         for c in reversed(children):

@@ -36,14 +36,25 @@ def bodies() -> dict[str, bytes]:
     plain = "".join(rng.choice(string.ascii_letters + " .,\n") for _ in range(1 << 16)) * (mib20 >> 16)
     code = 'print("x", {"a": [1, 2]})\\n ' * (mib20 // 28)
     tail = {"max_tokens": 128, "ignore_eos": True, "stream": True}
+    tool = {"type": "function", "function": {"name": "f", "description": "Get the weather.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}}
+    deep = b"[" * 500 + b"]" * 500
     return {
         "1 KiB completions": json.dumps({"model": "m", "prompt": plain[:900], **tail}).encode(),
         "20 MiB prompt, plain text": json.dumps({"model": "m", "prompt": plain, **tail}).encode(),
         "20 MiB prompt, code (quotes)": json.dumps({"model": "m", "prompt": code, **tail}).encode(),
+        "20 MiB prompt, all quotes": json.dumps({"model": "m", "prompt": '"' * mib20, **tail}).encode(),
+        "20 MiB prompt, all backslashes": json.dumps({"model": "m", "prompt": "\\" * mib20, **tail}).encode(),
         "20 MiB chat, 2,000 messages": json.dumps({"model": "m", "messages": [
             {"role": "user", "content": plain[i * 10_000:(i + 1) * 10_000]} for i in range(2000)], **tail}).encode(),
+        "20 MiB chat of code, 2,000": json.dumps({"model": "m", "messages": [
+            {"role": "user", "content": code[i * 10_000:(i + 1) * 10_000]} for i in range(2000)], **tail}).encode(),
         "128k token ids": json.dumps({"model": "m", "prompt": [rng.randrange(150_000) for _ in range(128_000)],
                                       **tail}).encode(),
+        "20 MiB tools (95k tools)": json.dumps({"model": "m", "tools": [tool] * 95_000, **tail}).encode(),
+        "20 MiB nesting 500 deep": b'{"x": [' + b",".join([deep] * 20_000) + b"], " + json.dumps(tail)[1:].encode(),
+        "20 MiB of top-level members": b"{" + b'"a":[],' * 3_000_000 + json.dumps(tail)[1:].encode(),
     }
 
 
@@ -60,7 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
     repeat = ap.parse_args().repeat
-    print(f"{'body':<30} {'bytes':>11} {'from_body':>10} {'json.loads':>11} {'orjson':>9} {'inject':>9}  ms, best of {repeat}")
+    print(f"{'body':<31} {'bytes':>11} {'from_body':>10} {'json.loads':>11} {'orjson':>9} {'inject':>9}  ms, best of {repeat}")
     for name, body in bodies().items():
         spec = RequestSpec.from_body(body)
         assert spec.stream and spec.expected_tokens == 128, spec
@@ -69,7 +80,7 @@ def main() -> None:
                best_ms(lambda: json.loads(body), repeat),
                best_ms(lambda: orjson.loads(body), repeat) if orjson else float("nan"),
                best_ms(lambda: inject_usage(body, no_usage), repeat)]
-        print(f"{name:<30} {len(body):>11,} " + " ".join(f"{v:>10.3f}" for v in row))
+        print(f"{name:<31} {len(body):>11,} " + " ".join(f"{v:>10.3f}" for v in row))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The measuring reverse proxy: an aiohttp app factory and its handlers.
 
-Only ``POST /<engine>/v1/completions``, ``POST /<engine>/v1/chat/completions`` and
-``GET /<engine>/v1/models`` are forwarded, always to the upstream fixed by the config (no
-open proxy).  One request's work is :mod:`exporter.proxy.exchange`.
+Only ``POST /<engine>/v1/completions``, ``POST /<engine>/v1/chat/completions``,
+``GET /<engine>/v1/models`` and ``GET /<engine>/health`` are forwarded, always to the upstream
+fixed by the config (no open proxy); the last two unmeasured.  One request's work is
+:mod:`exporter.proxy.exchange`.
 """
 
 from __future__ import annotations
@@ -20,13 +21,33 @@ from .config import Config, Engine
 from .exchange import Exchange, forward_headers, json_error
 from .gpu import GpuCollector, make_source, poll_forever
 from .scenario_api import scenario_handler
-from .state import CONFIG, STATE, ProxyState
+from .state import CONFIG, STATE, ProxyState, Worker
 
-__all__ = ["create_app", "CONFIG", "STATE", "ProxyState"]
+__all__ = ["create_app", "CONFIG", "STATE", "ProxyState", "Worker"]
 
 log = logging.getLogger("llmbench.proxy")
+METRICS_SESSION = web.AppKey("metrics_session", aiohttp.ClientSession)
 
 
+class _OneLineBadRequests(logging.Filter):
+    """aiohttp logs a request it refuses (a header with a control character, junk bytes)
+    with a traceback: one line names the cause instead (the client still gets its 400)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, aiohttp.http_exceptions.HttpProcessingError):
+            why = " ".join(line.strip() for line in str(exc.message).splitlines() if line.strip() != "^")
+            record.msg, record.args = "refused a malformed request (HTTP %s): %s", (exc.code, why[:300])
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_bad_requests() -> None:
+    for name in ("aiohttp.server", "aiohttp.web", "aiohttp.access"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OneLineBadRequests) for f in logger.filters):
+            logger.addFilter(_OneLineBadRequests())
 
 
 async def _engine_handler(request: web.Request) -> web.StreamResponse:
@@ -35,14 +56,13 @@ async def _engine_handler(request: web.Request) -> web.StreamResponse:
     if engine is None:
         return json_error(404, "unknown engine", "not_found")
     path = request.match_info["path"]
-    body = await request.read()
-    if path == "v1/models":
+    if request.method == "GET":
         return await _passthrough(state, request, engine, path)
-    return await Exchange(state, request, engine, path).run(body)
+    return await Exchange(state, request, engine, path).run()
 
 
 async def _passthrough(state: ProxyState, request: web.Request, engine: Engine, path: str) -> web.Response:
-    """GET /v1/models: forwarded, not measured."""
+    """GET /v1/models and GET /health: forwarded, not measured."""
     assert state.session is not None
     url = f"{engine.base_url}/{path}"
     try:
@@ -56,8 +76,15 @@ async def _passthrough(state: ProxyState, request: web.Request, engine: Engine, 
 
 
 async def _metrics_handler(request: web.Request) -> web.Response:
-    # Rendering thousands of series takes tens of milliseconds: never on the event loop
-    # that is timing streams.
+    session = request.app.get(METRICS_SESSION)
+    if session is not None:  # serve: the supervisor renders every worker's values, in its own process
+        try:
+            async with session.get("http://supervisor/metrics") as resp:
+                return web.Response(status=resp.status, body=await resp.read(),
+                                    headers={"Content-Type": resp.headers.get("Content-Type", CONTENT_TYPE_LATEST)})
+        except (aiohttp.ClientError, OSError) as exc:
+            return web.Response(status=503, text=f"metrics renderer unavailable: {exc}\n")
+    # In-process app (tests, embedding): render in a thread (it still holds the GIL: serve does not).
     data = await asyncio.to_thread(generate_latest, request.app[STATE].registry)
     return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -67,7 +94,9 @@ async def _healthy(request: web.Request) -> web.Response:
 
 
 async def _ready(request: web.Request) -> web.Response:
-    if request.app[STATE].session is None:
+    state = request.app[STATE]
+    sock = state.worker.metrics_socket
+    if state.session is None or (sock is not None and not sock.exists()):  # serve: the renderer too
         return web.Response(status=503, text="starting\n")
     return web.Response(text="llm-bench-exporter is ready\n")
 
@@ -78,12 +107,24 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s)
     state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+    sock = state.worker.metrics_socket
+    if sock is not None:
+        app[METRICS_SESSION] = aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(sock)))
+    state.loop_lag.start(asyncio.get_running_loop())
     try:
         yield
     finally:
+        state.loop_lag.stop()
+        await state.drain()
         await state.session.close()
+        if sock is not None:
+            await app[METRICS_SESSION].close()
         state.session = None
         state.close()
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    await app[STATE].stop_exchanges()
 
 
 async def _gpu_collector(app: web.Application) -> AsyncIterator[None]:
@@ -103,22 +144,27 @@ async def _gpu_collector(app: web.Application) -> AsyncIterator[None]:
         source.close()
 
 
-def create_app(config: Config, registry: CollectorRegistry | None = None) -> web.Application:
-    """The proxy app; pass ``handler_cancellation=True`` to the runner to see client aborts early."""
+def create_app(config: Config, registry: CollectorRegistry | None = None, worker: Worker | None = None) -> web.Application:
+    """The proxy app; pass ``handler_cancellation=True`` to the runner to see client aborts early.
+
+    ``worker`` (from ``serve``): this process's part in a supervised set of workers; the GPU
+    collector then runs in the supervisor, not here."""
+    quiet_bad_requests()
     app = web.Application(client_max_size=config.max_request_body_bytes)
     app[CONFIG] = config
-    app[STATE] = state = ProxyState(config, registry if registry is not None else CollectorRegistry())
+    app[STATE] = state = ProxyState(config, registry if registry is not None else CollectorRegistry(), worker)
     if config.otlp is not None:  # the OpenTelemetry SDK is imported only when asked for
         from .otlp import OtlpObserver
 
         state.observers.append(OtlpObserver(config))
     app.cleanup_ctx.append(_upstream_session)
-    app.cleanup_ctx.append(_gpu_collector)
+    if not state.worker.multiprocess:
+        app.cleanup_ctx.append(_gpu_collector)
+    app.on_shutdown.append(_on_shutdown)
     app.router.add_get("/metrics", _metrics_handler)
     app.router.add_get("/-/healthy", _healthy)
     app.router.add_get("/-/ready", _ready)
     app.router.add_post("/-/scenario", scenario_handler)
     app.router.add_post(r"/{engine}/{path:v1/completions|v1/chat/completions}", _engine_handler)
-    app.router.add_get(r"/{engine}/{path:v1/models}", _engine_handler)
+    app.router.add_get(r"/{engine}/{path:v1/models|health}", _engine_handler)
     return app
-

@@ -1,12 +1,16 @@
 """One proxied, measured request: forward it, stream the answer through, judge it, record it.
 
-Response bodies stream through read by read, byte for byte; the measuring core
-(:mod:`exporter.core.analysis`) looks at each read after it has been passed on.
+Response bodies stream through read by read, byte for byte (:mod:`exporter.proxy.hop`); the
+measuring core (:mod:`exporter.core.analysis`) looks at each read right after it was passed
+on, in the same callback.  Every request that reaches a measured route gets exactly one
+record, whatever happens: a header that cannot be parsed counts as absent, and a fault of
+the proxy itself is recorded as ``proxy_error``, never blamed on the engine or the client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 import time
@@ -14,13 +18,15 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from aiohttp.streams import StreamReader
 
 from exporter.core.analysis import RequestSpec, Result, StreamAnalyzer
 from exporter.core.content import is_event_stream
-from exporter.core.timefmt import iso
 
 from .config import Engine
-from .records import Capture, write_capture
+from .finish import finish_with_capture, judge, write_record
+from .hop import ClientGone, Splice
+from .records import Capture
 from .scenarios import MAX_ROUND
 from .state import ProxyState
 from .transport import transport_reason
@@ -34,7 +40,15 @@ _HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length",
 })
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_ROUND = re.compile(r"[0-9]{1,7}")  # ASCII digits only: "²" passes str.isdigit() but not int()
+_ANALYZER_OPTS = frozenset(inspect.signature(StreamAnalyzer).parameters)
+
+try:  # SPEC section 13, exporter/core/usage.py
+    from exporter.core.usage import UsageEventFilter, inject_usage
+except ImportError:  # pragma: no cover - until the core has it
+    UsageEventFilter = None  # type: ignore[assignment,misc]
+    inject_usage = None  # type: ignore[assignment]
 
 
 def json_error(status: int, message: str, kind: str) -> web.Response:
@@ -48,8 +62,9 @@ def forward_headers(headers: Any) -> dict[str, str]:
     return out
 
 
-class _ClientGone(Exception):
-    """Writing to the client failed: it went away."""
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 class Exchange:
@@ -66,58 +81,127 @@ class Exchange:
         self.analyzer: StreamAnalyzer | None = None
         self.capture: Capture | None = None
         self.spec = RequestSpec()
+        self.usage_filter: Any = None  # strips the usage-only event the client did not ask for
+        self.usage_injected = False
+        self.end_t: float | None = None  # the stream's end, when not "now" at finish
         self.t0 = 0.0
+        self.wall = 0.0
+        self.done_t: float | None = None  # arrival of the read that completed data: [DONE]
+        self.lag_mark = state.loop_lag.mark()
 
-    async def run(self, body: bytes) -> web.StreamResponse:
-        cfg = self.state.config
-        request = self.request
-        self.spec = spec = RequestSpec.from_body(body)
-        header_round = request.headers.get("X-Bench-Round")
-        scenario, rnd = self.state.scenarios.resolve(self.engine.name, request.headers.get("X-Bench-Scenario"))
-        if header_round is not None and header_round.isdigit() and int(header_round) <= MAX_ROUND:
+    async def run(self) -> web.StreamResponse:
+        state = self.state
+        meta = self._meta()
+        gauge = state.metrics.in_flight.labels(self.engine.name)
+        gauge.inc()
+        state.in_flight += 1
+        self.wall, self.t0 = time.time(), time.monotonic()
+        task = asyncio.current_task()
+        if task is not None:
+            state.exchanges.add(task)
+        try:
+            try:
+                error, detail = await self._guarded(meta)
+            except asyncio.CancelledError:
+                error, detail = self._cancel_reason()
+                self._finish(meta, error, detail)
+                raise
+        finally:
+            gauge.dec()
+            state.in_flight -= 1
+            state.exchanges.discard(task)
+        result, pending = self._finish(meta, error, detail)
+        if pending is not None:  # shielded: a client that leaves now must not cost the record
+            await asyncio.shield(pending)
+        return await self._close_client(result)
+
+    def _finish(self, meta: dict[str, Any], error: str | None, detail: str | None
+                ) -> tuple[Result, asyncio.Task[None] | None]:
+        """Judge and record now; with a capture to write, the record follows it (a task)."""
+        result, record, capture = judge(self, meta, error, detail)
+        if capture is None:
+            write_record(self, record)
+            return result, None
+        return result, self.state.spawn(finish_with_capture(self, record, capture))
+
+    def _meta(self) -> dict[str, Any]:
+        """The request's labels from its headers; anything unparseable counts as absent."""
+        headers = self.request.headers
+        try:
+            scenario, rnd = self.state.scenarios.resolve(self.engine.name, headers.get("X-Bench-Scenario"))
+        except Exception:  # a bug of ours must not cost the record: label it "none"
+            log.exception("request %s: scenario not resolved", self.id)
+            scenario, rnd = "none", None
+        header_round = headers.get("X-Bench-Round", "").strip()
+        if _ROUND.fullmatch(header_round) and int(header_round) <= MAX_ROUND:
             rnd = int(header_round)
-        client_id = request.headers.get("X-Request-Id")
-        meta = {
+        client_id = headers.get("X-Request-Id")
+        return {
             "id": self.id,
-            "client_request_id": client_id if client_id and _SAFE_ID.match(client_id) else None,
+            "client_request_id": client_id if client_id and _SAFE_ID.fullmatch(client_id) else None,
             "engine": self.engine.name,
             "scenario": scenario,
             "round": rnd,
             "route": "/" + self.path,
-            "stream": spec.stream,
+            "stream": self.spec.stream,
+            "model": None,
         }
-        if cfg.capture_raw_sse != "none":
-            self.capture = Capture(cfg.max_capture_bytes)
-        gauge = self.state.metrics.in_flight.labels(self.engine.name)
-        gauge.inc()
-        self.state.in_flight += 1
-        wall = time.time()
-        self.t0 = time.monotonic()
-        error: str | None = None
-        detail: str | None = None
+
+    async def _guarded(self, meta: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Read the request, forward it, stream the answer; return (transport reason, detail)."""
         try:
-            try:
-                await self._stream(body, spec)
-            except _ClientGone:
-                error, detail = "client_abort", "client closed the connection"
-            except asyncio.CancelledError:
-                error, detail = "client_abort", "client closed the connection"
-                self._finish(meta, wall, error, detail)
-                raise
-            except Exception as exc:
-                error = transport_reason(exc)
-                if error is None:  # a bug of ours must not lose the request's record
-                    log.exception("request %s failed inside the proxy", self.id)
-                    error, detail = "upstream_disconnect", f"internal error: {type(exc).__name__}: {exc}"
-                elif error == "timeout":
-                    detail = self._timeout_detail()
-                else:
-                    detail = f"{type(exc).__name__}: {exc}"
-            result = self._finish(meta, wall, error, detail)
-        finally:
-            gauge.dec()
-            self.state.in_flight -= 1
-        return await self._close_client(result)
+            body = await self.request.read()
+            self._inspect(body, meta)
+            # SPEC section 3: t0 = request read, about to be sent; start_unix + ttft_s is then
+            # the wall-clock time of the first text (the ground truth of SPEC section 10)
+            self.wall, self.t0 = time.time(), time.monotonic()
+            await self._stream(self._inject(body))
+        except ClientGone:
+            return self._hangup_reason()
+        except web.HTTPRequestEntityTooLarge as exc:
+            limit = self.state.config.max_request_body_bytes
+            self.response = exc  # answered 413 by _close_client
+            return "proxy_error", f"request body over max_request_body_bytes={limit}: refused with 413"
+        except Exception as exc:
+            error = transport_reason(exc)
+            if error is None:  # a bug of ours must not lose the record, nor be the engine's fault
+                log.exception("request %s failed inside the proxy", self.id)
+                return "proxy_error", f"internal error: {type(exc).__name__}: {exc}"[:300]
+            if error == "timeout":
+                return error, self._timeout_detail()
+            return error, f"{type(exc).__name__}: {exc}"[:300]
+        return None, None
+
+    def _inspect(self, body: bytes, meta: dict[str, Any]) -> None:
+        self.spec = spec = RequestSpec.from_body(body)
+        meta["stream"] = spec.stream
+        meta["model"] = getattr(spec, "model", None)
+        if self.state.config.capture_raw_sse != "none":
+            self.capture = Capture(self.state.config.max_capture_bytes)
+
+    def _inject(self, body: bytes) -> bytes:
+        """SPEC section 13: ask for usage upstream for a client that did not."""
+        if self.engine.usage != "inject" or inject_usage is None or not self.spec.stream:
+            return body
+        changed = inject_usage(body, self.spec)
+        if changed is None:
+            return body
+        self.usage_filter = UsageEventFilter()
+        self.usage_injected = True
+        return bytes(changed)
+
+    def _hangup_reason(self) -> tuple[str | None, str | None]:
+        """SPEC section 4: a client that hangs up after it was sent [DONE] has the whole
+        response: the request is judged on the stream."""
+        if self.analyzer is not None and self.analyzer.done:
+            self.end_t = self.done_t
+            return None, None
+        return "client_abort", "client closed the connection"
+
+    def _cancel_reason(self) -> tuple[str | None, str | None]:
+        if self.state.stopping and not _client_gone(self.request):
+            return "proxy_error", "the proxy shut down while the request was in flight"
+        return self._hangup_reason()
 
     def _timeout_detail(self) -> str:
         t = self.state.config.timeouts
@@ -125,114 +209,93 @@ class Exchange:
             return f"no response body within first_byte_s={t.first_byte_s}"
         return f"no data within idle_s={t.idle_s} or total_s={t.total_s}"
 
-    async def _stream(self, body: bytes, spec: RequestSpec) -> None:
+    def _on_read(self, data: bytes, now: float) -> None:
+        analyzer = self.analyzer
+        assert analyzer is not None
+        done = analyzer.done
+        analyzer.feed(data, now)
+        if analyzer.done and not done:
+            self.done_t = now
+        if self.capture is not None:
+            self.capture.add(data, now - self.t0)
+
+    async def _stream(self, body: bytes) -> None:
         cfg = self.state.config
         session = self.state.session
         assert session is not None, "proxy used before start-up"
         t = cfg.timeouts
-        t0 = self.t0
         loop = asyncio.get_running_loop()
         end = loop.time() + t.total_s
+        first_byte_at = time.monotonic() + t.first_byte_s
         async with asyncio.timeout_at(min(loop.time() + t.first_byte_s, end)) as deadline:
             async with session.request(
                 self.request.method, self.url, data=body,
                 headers=forward_headers(self.request.headers), allow_redirects=False,
             ) as upstream:
-                streaming = is_event_stream(upstream.headers.get("Content-Type"), spec.stream)
-                self.analyzer = analyzer = StreamAnalyzer(
-                    t0, upstream.status, spec, streaming=streaming,
-                    max_line_bytes=cfg.max_line_bytes,
-                )
-                resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for k, v in upstream.headers.items():
-                    if k.lower() not in _HOP:
-                        resp.headers.add(k, v)
-                if upstream.content_length is not None:
-                    resp.content_length = upstream.content_length
-                resp.headers["X-LLMBench-Request-Id"] = self.id
-                self.response = resp
-                await self._write(resp.prepare(self.request))
-                capture = self.capture
-                idle = t.idle_s
-                armed = 0.0  # re-arm the idle deadline at most once a second: a timer per read is costly
-                async for chunk in upstream.content.iter_any():
-                    now = time.monotonic()
-                    if now - armed >= 1.0:
-                        armed = now
-                        deadline.reschedule(min(loop.time() + idle, end))
-                    await self._write(resp.write(chunk))
-                    analyzer.feed(chunk, now)
-                    if capture is not None:
-                        capture.add(chunk, now - t0)
+                deadline.reschedule(end)  # from here the splice watches first byte and idle
+                streaming = is_event_stream(upstream.headers.get("Content-Type"), self.spec.stream)
+                self.analyzer = self._analyzer(upstream.status, streaming)
+                writer = await self._prepare(upstream)
+                transport = self.request.transport
+                if transport is None:
+                    raise ClientGone()
+                resp = self.response
+                assert resp is not None
+                filt = self.usage_filter if upstream.status == 200 and streaming else None
+                self.usage_filter = filt
+                splice = Splice(transport, writer.chunked, self._on_read, filt.feed if filt is not None else None)
+                content = upstream.content
+                assert isinstance(content, StreamReader)
+                conn = upstream.connection
+                await splice.run(content, conn.protocol if conn is not None else None, writer,
+                                 first_byte_at, t.idle_s)
 
-    @staticmethod
-    async def _write(op: Any) -> None:
-        try:
-            await op
-        except (ConnectionError, RuntimeError) as exc:
-            raise _ClientGone() from exc
+    def _analyzer(self, status: int, streaming: bool) -> StreamAnalyzer:
+        cfg = self.state.config
+        extra: dict[str, Any] = {}
+        if "max_event_bytes" in _ANALYZER_OPTS:
+            extra["max_event_bytes"] = cfg.max_event_bytes
+        return StreamAnalyzer(self.t0, status, self.spec, streaming=streaming,
+                              max_line_bytes=cfg.max_line_bytes, **extra)
 
-    def _finish(self, meta: dict[str, Any], wall: float, error: str | None, detail: str | None) -> Result:
-        now = time.monotonic()
-        analyzer = self.analyzer
-        if analyzer is None:  # no response at all: judge an empty one
-            analyzer = StreamAnalyzer(self.t0, None, self.spec, streaming=False)
-        result = analyzer.finish(now, error, detail)
-        state = self.state
-        state.metrics.observe(meta["engine"], meta["scenario"], result)
-        record: dict[str, Any] = {
-            **meta,
-            "start": iso(wall, ms=True),
-            "start_unix": round(wall, 6),
-            **result.as_dict(),
-            "capture": None,
-            "capture_sha256": None,
-        }
-        mode = state.config.capture_raw_sse
-        cap = self.capture
-        if cap is not None and (mode == "all" or not result.ok) and self.analyzer is not None:
-            try:
-                path, digest = write_capture(state.captures_dir, self.id, cap, {
-                    "status": result.status,
-                    "streaming": self.analyzer.streaming,
-                    "expected_tokens": result.expected_tokens,
-                    "transport_error": error,
-                    "end_offset": round(now - self.t0, 6),
-                    "verdict": {"outcome": result.outcome, "reason": result.reason},
-                    "record": {k: meta[k] for k in ("engine", "scenario", "round", "route")},
-                })
-                record["capture"] = path
-                record["capture_sha256"] = digest
-            except OSError as exc:
-                log.error("capture %s not written: %s", self.id, exc)
+    async def _prepare(self, upstream: Any) -> Any:
+        """Send the client the upstream's status and headers; return the response's writer."""
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for k, v in upstream.headers.items():
+            if k.lower() not in _HOP:
+                resp.headers.add(k, v)
+        # Always chunked (HTTP/1.1 clients): the client sees the end of the body only after
+        # the request's record is written (a Content-Length body would end with its last byte).
+        resp.headers["X-LLMBench-Request-Id"] = self.id
+        self.response = resp
         try:
-            state.requests_log.write(record)
-        except (OSError, ValueError) as exc:
-            log.error("record %s not written: %s", self.id, exc)
-        for observer in state.observers:
-            try:
-                observer.observe(record)
-            except Exception:  # an observer's bug must not cost the request
-                log.exception("observer %s failed on %s", type(observer).__name__, self.id)
-        return result
+            writer = await resp.prepare(self.request)  # headers buffered: the splice sends them
+            assert writer is not None
+        except ConnectionError as exc:
+            raise ClientGone() from exc
+        return writer
 
     async def _close_client(self, result: Result) -> web.StreamResponse:
         resp = self.response
         reason = result.reason
+        if isinstance(resp, web.HTTPException):  # refused before forwarding (413)
+            return web.Response(status=resp.status, text=resp.text, content_type="text/plain")
         if resp is None or not resp.prepared:
             if reason == "client_abort":
                 return web.Response(status=499)
             if reason == "timeout":
                 return json_error(504, result.detail or "upstream timed out", "upstream_timeout")
             return json_error(502, result.detail or "upstream unavailable", reason or "bad_gateway")
-        if reason in ("upstream_disconnect", "timeout", "client_abort"):
+        if reason in ("upstream_disconnect", "timeout", "client_abort", "proxy_error"):
             # End the client's stream the way the upstream's ended: cut, not completed.
             transport = self.request.transport
             if transport is not None:
                 transport.abort()
             return resp
         try:
-            await resp.write_eof()
-        except (ConnectionError, RuntimeError):
+            rest = self.usage_filter.flush() if self.usage_filter is not None else b""
+            await resp.write_eof(rest)
+        except ConnectionError:
             pass
         return resp
+

@@ -11,17 +11,28 @@ Bucket bounds (seconds) are explicit so that reports can quote them:
 
 Every series of a configured engine and scenario exists from start-up at zero
 (:meth:`ProxyMetrics.initialise`), so windowed deltas also count a scenario's first requests.
+
+With ``serve --workers N`` the values live in prometheus_client's multiprocess files and the
+supervisor renders them merged (:mod:`exporter.proxy.workers`): counters and histograms add
+up, ``llmbench_requests_in_flight`` is the live workers' sum, the loop-lag histogram gets a
+``worker`` label, and ``llmbench_scenario_info`` is rendered by the supervisor from the
+shared scenario state (the workers' copy stays local, see :class:`LocalGauge`).
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from exporter.core.analysis import REASONS, Result
+from exporter.core.slo import SLO_RESULTS, slo_result
 
 from .config import Config
+from .looplag import LAG_BUCKETS
 
-__all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "ProxyMetrics"]
+__all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "ProxyMetrics", "LocalGauge"]
 
 TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075,
@@ -43,12 +54,55 @@ _LABELS = ("engine", "scenario")
 disable_created_metrics()
 
 
-class ProxyMetrics:
-    """Histograms, counters and gauges of the proxy, one instance per registry."""
+class _LocalChild:
+    __slots__ = ("value",)
 
-    def __init__(self, registry: CollectorRegistry, config: Config) -> None:
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+
+class LocalGauge:
+    """A labelled gauge kept in this process only (never in the multiprocess files): a
+    worker's copy of state that the supervisor renders once for all workers."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.children: dict[tuple[str, ...], _LocalChild] = {}
+
+    def labels(self, *values: Any) -> _LocalChild:
+        key = tuple(str(v) for v in values)
+        child = self.children.get(key)
+        if child is None:
+            child = self.children[key] = _LocalChild()
+        return child
+
+    def remove(self, *values: Any) -> None:
+        self.children.pop(tuple(str(v) for v in values), None)
+
+    def clear(self) -> None:
+        self.children.clear()
+
+
+class ProxyMetrics:
+    """Histograms, counters and gauges of the proxy, one instance per registry.
+
+    ``worker``: this process's worker label when several share the port (None: one);
+    ``multiprocess``: values go to prometheus_client's multiprocess files."""
+
+    def __init__(self, registry: CollectorRegistry, config: Config, *,
+                 worker: str | None = None, multiprocess: bool = False) -> None:
         self.registry = registry
         self.config = config
+        self.worker = worker
         self.ttft = Histogram(
             "llmbench_time_to_first_token_seconds",
             "Time to the first non-empty visible text, successful requests.",
@@ -64,31 +118,41 @@ class ProxyMetrics:
             "Full-stream end-to-end latency of successful requests.",
             _LABELS, buckets=E2E_BUCKETS, registry=registry,
         )
-        self.requests = Counter(
-            "llmbench_requests", "Finished requests by outcome and failure reason.",
-            (*_LABELS, "outcome", "reason"), registry=registry,
-        )
-        self.empty_text = Counter(
-            "llmbench_empty_text_responses",
-            "HTTP 200 responses that ended with no visible text.",
-            _LABELS, registry=registry,
-        )
-        self.output_tokens = Counter(
-            "llmbench_output_tokens", "Completion tokens from the server's usage, by outcome.",
-            (*_LABELS, "outcome"), registry=registry,
-        )
-        self.prompt_tokens = Counter(
-            "llmbench_prompt_tokens", "Prompt tokens from the server's usage.",
-            _LABELS, registry=registry,
-        )
+        counter = functools.partial(Counter, registry=registry)
+        self.requests = counter("llmbench_requests", "Finished requests by outcome and failure reason.",
+                                (*_LABELS, "outcome", "reason"))
+        self.empty_text = counter("llmbench_empty_text_responses",
+                                  "HTTP 200 responses that ended with no visible text.", _LABELS)
+        self.output_tokens = counter("llmbench_output_tokens",
+                                     "Completion tokens from the server's usage, by outcome.", (*_LABELS, "outcome"))
+        self.prompt_tokens = counter("llmbench_prompt_tokens", "Prompt tokens from the server's usage.", _LABELS)
         self.in_flight = Gauge(
             "llmbench_requests_in_flight", "Requests being proxied now.",
-            ("engine",), registry=registry,
+            ("engine",), registry=registry, multiprocess_mode="livesum",
         )
-        self.scenario_info = Gauge(
-            "llmbench_scenario_info", "1 while a scenario round is active.",
-            ("engine", "scenario", "round"), registry=registry,
+        self.scenario_info: Gauge | LocalGauge
+        if multiprocess:
+            self.scenario_info = LocalGauge("llmbench_scenario_info")
+        else:
+            self.scenario_info = Gauge(
+                "llmbench_scenario_info", "1 while a scenario round is active.",
+                ("engine", "scenario", "round"), registry=registry,
+            )
+        self._second_wave(registry, worker)
+
+    def _second_wave(self, registry: CollectorRegistry, worker: str | None) -> None:
+        """SLO counters (SPEC section 11) and the loop-lag histogram (section 10)."""
+        counter = functools.partial(Counter, registry=registry)
+        self.slo = counter("llmbench_slo_requests", "Successful requests judged against the SLO (SPEC section 11).",
+                           (*_LABELS, "result"))
+        self.goodput_tokens = counter("llmbench_goodput_tokens",
+                                      "Completion tokens of successful requests that met the SLO.", _LABELS)
+        lag = Histogram(
+            "llmbench_proxy_event_loop_lag_seconds",
+            "How late the proxy's event loop ran a ready socket callback (SPEC section 10).",
+            ("worker",) if worker is not None else (), buckets=LAG_BUCKETS, registry=registry,
         )
+        self.loop_lag = lag.labels(worker) if worker is not None else lag
 
     def initialise(self, engine: str, scenarios: list[str], timed: frozenset[str] = frozenset()) -> None:
         """Create every counter and histogram series an engine can have at zero, so that
@@ -104,6 +168,9 @@ class ProxyMetrics:
                 self.output_tokens.labels(engine, scenario, outcome)
             self.prompt_tokens.labels(engine, scenario)
             self.empty_text.labels(engine, scenario)
+            for result in SLO_RESULTS:
+                self.slo.labels(engine, scenario, result)
+            self.goodput_tokens.labels(engine, scenario)
             if scenario in timed:  # histograms are ~180 series each: only where asked
                 for histogram in (self.ttft, self.tpot, self.e2e):
                     histogram.labels(engine, scenario)
@@ -124,3 +191,11 @@ class ProxyMetrics:
                 self.tpot.labels(engine, scenario).observe(result.tpot_s)
             if result.e2e_s is not None:
                 self.e2e.labels(engine, scenario).observe(result.e2e_s)
+            self._judge_slo(engine, scenario, result)
+
+    def _judge_slo(self, engine: str, scenario: str, result: Result) -> None:
+        slo = self.config.slo_for(scenario)
+        verdict = slo_result(result.ttft_s, result.tpot_s, slo.ttft_s, slo.tpot_s)
+        self.slo.labels(engine, scenario, verdict).inc()
+        if verdict == "met" and result.completion_tokens:
+            self.goodput_tokens.labels(engine, scenario).inc(result.completion_tokens)

@@ -93,7 +93,7 @@ def write_capture(directory: Path, request_id: str, capture: Capture, meta: dict
         **meta,
     }
     tmp = directory / f".{request_id}.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps(doc), encoding="utf-8")  # no indent: the C encoder, GIL held briefly
     os.replace(tmp, directory / f"{request_id}.json")
     return str(sse_path), digest
 

@@ -1,14 +1,13 @@
-"""``llm-bench-exporter serve``: load the config, build the app, run it."""
+"""``llm-bench-exporter serve``: load the config, check it can run, start the supervised workers."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from typing import Any
 
-from .config import ConfigError, load_config, parse_gpu, parse_listen
+from .config import Config, ConfigError, load_config, parse_gpu, parse_listen
 
 __all__ = ["add_parser", "cmd_serve"]
 
@@ -30,40 +29,44 @@ def _gpu(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed: a cheaper hop per request and per read."""
+def _workers(value: str) -> int:
+    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= 256:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes 1..256, got {value!r}")
+    return int(value)
+
+
+def _preflight(config: Config) -> str | None:
+    """Why this config cannot serve here (one line), or None."""
     try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
+        config.records_dir.mkdir(parents=True, exist_ok=True)
+        with open(config.records_dir / "requests.jsonl", "ab"):
+            pass
+    except OSError as exc:
+        return f"records_dir {config.records_dir}: {exc.strerror or exc}"
+    try:
+        from .gpu import check_source
+    except ImportError:  # pragma: no cover - older gpu module
+        return None
+    return check_source(config.gpu)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from .app import create_app
+    from .workers import run_supervised
 
     try:
         config = load_config(args.config, listen=args.listen, gpu=args.gpu)
     except ConfigError as exc:
         print(f"llm-bench-exporter: {exc}", file=sys.stderr)
         return 2
-    host, port = parse_listen(config.listen)
-    try:
-        app = create_app(config)
-    except OSError as exc:
-        print(f"llm-bench-exporter: records_dir {config.records_dir}: {exc}", file=sys.stderr)
+    problem = _preflight(config)
+    if problem is not None:
+        print(f"llm-bench-exporter: {problem}", file=sys.stderr)
         return 2
-    log.info("proxy on http://%s:%d, engines: %s", host, port,
-             ", ".join(f"{e.name} -> {e.display_url}" for e in config.engines))
     try:
-        web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True,
-                    print=None, loop=_event_loop())
-    except OSError as exc:
-        print(f"llm-bench-exporter: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return run_supervised(config, args.workers)
+    except OSError as exc:  # only the bind can raise here: the workers start after it
+        print(f"llm-bench-exporter: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    return 0
 
 
 def add_parser(sub: Any) -> None:
@@ -72,4 +75,7 @@ def add_parser(sub: Any) -> None:
     serve.add_argument("--config", required=True, help="YAML config file")
     serve.add_argument("--listen", type=_listen, help="HOST:PORT (overrides the config's listen)")
     serve.add_argument("--gpu", type=_gpu, help="off | nvml | sim:N (overrides the config's gpu)")
+    serve.add_argument("--workers", type=_workers, default=1,
+                       help="proxy processes sharing the listen port (one /metrics view of all; "
+                            "a supervisor process renders it)")
     serve.set_defaults(func=cmd_serve)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -10,13 +13,16 @@ from prometheus_client import CollectorRegistry
 from yarl import URL
 
 from .config import Config
+from .looplag import LoopLag
 from .metrics import ProxyMetrics
 from .records import JsonlWriter
 from .scenarios import ScenarioBoard
 
-__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE"]
+__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker"]
 
 MEASURED = {"completions": "v1/completions", "chat": "v1/chat/completions"}
+
+T = TypeVar("T")
 
 
 class Observer:
@@ -31,29 +37,78 @@ class Observer:
         pass
 
 
+class Worker:
+    """This process's place among ``serve --workers N``: its label (None when it is the only
+    one), whether metric values go to prometheus_client's multiprocess files, where the
+    supervisor renders /metrics, and the shared scenario state."""
+
+    def __init__(self, label: str | None = None, metrics_socket: Path | None = None,
+                 shared_scenarios: Any = None) -> None:
+        self.label = label
+        self.metrics_socket = metrics_socket
+        self.shared_scenarios = shared_scenarios
+
+    @property
+    def multiprocess(self) -> bool:
+        return self.metrics_socket is not None
+
+
 class ProxyState:
     """Everything the handlers share; built at start-up, closed at shutdown."""
 
-    def __init__(self, config: Config, registry: CollectorRegistry) -> None:
+    def __init__(self, config: Config, registry: CollectorRegistry, worker: Worker | None = None) -> None:
         self.config = config
         self.registry = registry
-        self.metrics = ProxyMetrics(registry, config)
+        self.worker = worker = worker if worker is not None else Worker()
+        self.metrics = ProxyMetrics(registry, config, worker=worker.label, multiprocess=worker.multiprocess)
         records = config.records_dir
         records.mkdir(parents=True, exist_ok=True)
         self.requests_log = JsonlWriter(records / "requests.jsonl")
         self.scenario_log = JsonlWriter(records / "scenarios.jsonl")
         self.captures_dir = records / "captures"
-        self.scenarios = ScenarioBoard(
+        self.scenarios: Any = ScenarioBoard(
             config.scenarios, [e.name for e in config.engines], self.metrics, self.scenario_log
         )
+        if worker.shared_scenarios is not None:  # all workers see one scenario state
+            self.scenarios = worker.shared_scenarios.wrap(self.scenarios)
         self.session: aiohttp.ClientSession | None = None
         # upstream URLs parsed once, not per request
         self.urls = {(e.name, p): URL(f"{e.base_url}/{p}") for e in config.engines for p in MEASURED.values()}
         self.in_flight = 0  # all engines together; the simulated GPUs follow it
         self.observers: list[Observer] = []  # filled at start-up (app.create_app)
+        self.loop_lag = LoopLag(self.metrics.loop_lag.observe)
+        self.stopping = False  # set at shutdown: cancellation then is ours, not the client's
+        self.shutdown_grace_s = 5.0  # requests in flight at shutdown get this long to finish
+        self.exchanges: set[asyncio.Task[Any]] = set()  # handler tasks of measured requests
+        self._tasks: set[asyncio.Task[Any]] = set()
         for e in config.engines:
             self.metrics.initialise(e.name, [*config.scenarios, "none", "other"],
                                     timed=frozenset([*config.scenarios, "none"]))
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``coro`` to its end even if the handler that started it is cancelled."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def stop_exchanges(self) -> None:
+        """Shutdown: let requests in flight finish within the grace period, then end them
+        (each is recorded as ``proxy_error``: the proxy, not the client, cut it)."""
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_grace_s
+        while self.exchanges and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for task in list(self.exchanges):
+            task.cancel()
+        while self.exchanges:
+            await asyncio.sleep(0.01)
+
+    async def drain(self) -> None:
+        """Wait for the records still being finished."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def close(self) -> None:
         self.requests_log.close()

@@ -1,0 +1,231 @@
+"""The hop: each upstream read goes to the client's transport and to the measuring core in
+the callback that received it, with no coroutine wake-up per read.
+
+aiohttp's client parses the upstream's HTTP framing (chunked or not) in C and hands each
+body read to the response's ``StreamReader.feed_data``; a coroutine would then wake up per
+read to take it (``iter_any``) and another to write it (``StreamResponse.write``).  Here the
+response's reader is switched, once its headers have arrived, to :class:`_SpliceReader`,
+whose ``feed_data`` calls :meth:`Splice.on_data`: stamp the arrival time, write the bytes to
+the client's transport (chunk-framed when the client's response is chunked), then feed the
+analyzer.  The coroutine that owns the request sleeps until the stream ends, fails, times
+out, or the client's write buffer fills (then the upstream is paused until it drains).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp.streams import StreamReader
+
+__all__ = ["Splice", "ClientGone", "ProxyFault", "HIGH_WATER"]
+
+#: client write buffer (bytes) above which the upstream is paused until the client drains
+HIGH_WATER = 256 << 10
+
+_SINKS: dict[int, Splice] = {}
+
+
+class ClientGone(Exception):
+    """The client's transport closed while the response was being passed on."""
+
+
+class ProxyFault(Exception):
+    """Our own code failed on a read (the analyzer, the usage filter): never the engine's fault."""
+
+
+class _SpliceReader(StreamReader):
+    """A StreamReader whose reads go to a :class:`Splice` instead of a buffer (same layout:
+    the response's reader object is switched to this class in place)."""
+
+    __slots__ = ()
+
+    def feed_data(self, data: bytes, size: int = 0) -> bool:
+        sink = _SINKS.get(id(self))
+        if sink is not None and data:
+            sink.on_data(data)
+        return False
+
+    def feed_eof(self) -> None:
+        StreamReader.feed_eof(self)  # runs aiohttp's end-of-body callbacks (connection release)
+        sink = _SINKS.get(id(self))
+        if sink is not None:
+            sink.end(None)
+
+    def set_exception(self, exc: BaseException, *args: Any) -> None:
+        StreamReader.set_exception(self, exc, *args)
+        sink = _SINKS.get(id(self))
+        if sink is not None:
+            sink.end(exc)
+
+    def begin_http_chunk_receiving(self) -> None:
+        pass
+
+    def end_http_chunk_receiving(self) -> None:
+        pass
+
+
+class Splice:
+    """Passes one response's body from the upstream to the client, read by read.
+
+    ``on_read(data, now)`` sees the upstream's bytes after they were written to the client;
+    ``transform`` (optional) gives the bytes the client gets instead (usage filter)."""
+
+    def __init__(
+        self,
+        client: asyncio.Transport,
+        chunked: bool,
+        on_read: Callable[[bytes, float], None],
+        transform: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        self.client = client
+        self.chunked = chunked
+        self.on_read = on_read
+        self.transform = transform
+        self.last_read = 0.0
+        self.reads = 0
+        self.ended = False
+        self.error: BaseException | None = None
+        self.paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._upstream: Any = None  # the upstream connection's protocol (pause/resume reading)
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- called from the upstream protocol's data_received ----------------------------------
+
+    def on_data(self, data: bytes) -> None:
+        if self.ended:
+            return
+        now = time.monotonic()
+        self.last_read = now
+        self.reads += 1
+        try:
+            self._write(self.transform(data) if self.transform is not None else data)
+            self.on_read(data, now)
+        except ClientGone as exc:
+            self.end(exc)
+            return
+        except Exception as exc:  # a fault of ours: never the engine's
+            fault = ProxyFault(f"{type(exc).__name__}: {exc}")
+            fault.__cause__ = exc
+            self.end(fault)
+            return
+        if self.client.get_write_buffer_size() > HIGH_WATER and not self.paused:
+            self.paused = True
+            if self._upstream is not None:
+                self._upstream.pause_reading()
+            self._wake()
+
+    def _write(self, out: bytes) -> None:
+        if not out:
+            return
+        client = self.client
+        if client.is_closing():
+            raise ClientGone()
+        if not self.chunked:
+            client.write(out)
+        elif len(out) < 16384:
+            client.write(b"%x\r\n%b\r\n" % (len(out), out))
+        else:  # large reads: no copy
+            client.writelines((b"%x\r\n" % len(out), out, b"\r\n"))
+
+    def end(self, error: BaseException | None) -> None:
+        """The stream ended (``error`` None) or failed; the first call wins."""
+        if self.ended:
+            return
+        self.ended = True
+        self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- the request's coroutine --------------------------------------------------------------
+
+    def _check_deadline(self, loop: asyncio.AbstractEventLoop, first_byte_at: float, idle_s: float) -> None:
+        """Fail with TimeoutError when no read came by ``first_byte_at`` (monotonic) or for
+        ``idle_s`` since the last one; else look again when that could next happen."""
+        if self.ended:
+            return
+        due = first_byte_at if self.reads == 0 else self.last_read + idle_s
+        left = due - time.monotonic()
+        if left <= 0:
+            self.end(TimeoutError())
+            return
+        self._timer = loop.call_later(left + 0.001, self._check_deadline, loop, first_byte_at, idle_s)
+
+    async def run(self, reader: StreamReader, upstream_protocol: Any, writer: Any,
+                  first_byte_at: float, idle_s: float) -> None:
+        """Pass the body on until it ends; raise its error (ClientGone, TimeoutError, the
+        upstream's ClientPayloadError, or our own fault)."""
+        loop = asyncio.get_running_loop()
+        self._upstream = upstream_protocol
+        await self._first(reader, writer)
+        if reader.exception() is not None:
+            self.end(reader.exception())
+        elif reader.is_eof():
+            self.end(None)
+        if not self.ended:
+            if type(reader) is not StreamReader:
+                raise TypeError(f"cannot splice a {type(reader).__name__}")
+            reader.__class__ = _SpliceReader
+            _SINKS[id(reader)] = self
+            self._check_deadline(loop, first_byte_at, idle_s)
+        try:
+            while not self.ended:
+                self._waiter = loop.create_future()
+                await self._waiter
+                if self.paused and not self.ended:
+                    await self._drain(writer)
+        finally:
+            _SINKS.pop(id(reader), None)
+            if type(reader) is _SpliceReader:
+                reader.__class__ = StreamReader  # type: ignore[assignment]
+            self.ended = True
+            if self._timer is not None:
+                self._timer.cancel()
+        if self.error is not None:
+            raise self.error
+
+    async def _first(self, reader: StreamReader, writer: Any) -> None:
+        """Body bytes that came with the headers go out with them, in one write (the response's
+        headers are still buffered in aiohttp's writer); without any, the headers go alone."""
+        if writer is None:  # no aiohttp writer (tests): the headers were sent
+            pending = reader.read_nowait() if reader.exception() is None else b""
+            if pending:
+                self.on_data(pending)
+            return
+        sent = False
+        while not self.ended and reader.exception() is None:
+            pending = reader.read_nowait()
+            if not pending:
+                break
+            now = time.monotonic()
+            self.last_read = now
+            self.reads += 1
+            try:
+                out = self.transform(pending) if self.transform is not None else pending
+                if out:
+                    await writer.write(out)  # headers and chunk framing: aiohttp's writer
+                    sent = True
+                self.on_read(pending, now)
+            except ConnectionError as exc:
+                raise ClientGone() from exc
+            except Exception as exc:
+                raise ProxyFault(f"{type(exc).__name__}: {exc}") from exc
+        if not sent:
+            writer.send_headers()
+
+    async def _drain(self, writer: Any) -> None:
+        client = self.client
+        while client.get_write_buffer_size() > HIGH_WATER // 4 and not client.is_closing():
+            await writer.drain()  # returns at once when aiohttp has not paused the protocol
+            if client.get_write_buffer_size() > HIGH_WATER // 4:
+                await asyncio.sleep(0.001)
+        self.paused = False
+        if self._upstream is not None and not self.ended:
+            self._upstream.resume_reading()

@@ -1,0 +1,182 @@
+"""The event loop's own lateness, measured all the time the proxy runs (SPEC section 10).
+
+A timestamp taken on the loop is late by however long the loop was busy (or blocked)
+before it got to the socket that became readable.  The probe measures exactly that: a
+kernel timer (Linux ``timerfd``) becomes readable every ``PERIOD_S``, like a socket that
+received data; its reader callback schedules a ``call_soon`` that stamps, once the loop has
+also run the other callbacks ready in that round, how long after the oldest unread expiry
+that was (a read handled late in a busy round waited that long too).  Where ``timerfd`` is missing, a loop timer's lateness stands in (coarser:
+it includes the loop's own timer rounding, so it over-states an idle loop's lag).
+
+Each sample is observed in ``llmbench_proxy_event_loop_lag_seconds`` and folded into
+per-epoch maxima (``EPOCH_S`` wide), from which :meth:`LoopLag.max_since` gives a request
+the largest lag seen while it was in flight: its ``timing_uncertainty_s``, an upper bound on
+how late any of its timestamps can be (one epoch of slack on each side keeps it an upper
+bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import os
+import struct
+import time
+from collections import deque
+from itertools import islice
+from collections.abc import Callable
+
+__all__ = ["LoopLag", "PERIOD_S", "EPOCH_S", "LAG_BUCKETS"]
+
+log = logging.getLogger("llmbench.proxy")
+
+PERIOD_S = 0.002  # 500 probes a second: ~0.3 % of one core
+EPOCH_S = 0.1
+#: 50 µs .. 1 s (SPEC section 10); 1 ms, the alert's threshold, is a bound.
+LAG_BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
+    0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)
+_KEEP_EPOCHS = 40_000  # a bit over an hour of epochs: the longest request (timeouts.total_s default)
+
+
+class _TimeSpec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _ITimerSpec(ctypes.Structure):
+    _fields_ = [("it_interval", _TimeSpec), ("it_value", _TimeSpec)]
+
+
+def _timerfd(period_s: float) -> tuple[int, float] | None:
+    """A non-blocking CLOCK_MONOTONIC timerfd firing every ``period_s``; (fd, first expiry)."""
+    if not hasattr(os, "O_NONBLOCK") or os.uname().sysname != "Linux":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fd = libc.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            return None
+        first = time.monotonic() + period_s
+        nsec = int(period_s * 1e9)
+        spec = _ITimerSpec(_TimeSpec(nsec // 1_000_000_000, nsec % 1_000_000_000),
+                           _TimeSpec(int(first), int((first % 1.0) * 1e9)))
+        if libc.timerfd_settime(fd, 1, ctypes.byref(spec), None) != 0:  # 1: TFD_TIMER_ABSTIME
+            os.close(fd)
+            return None
+    except (OSError, AttributeError):
+        return None
+    return fd, int(first) + int((first % 1.0) * 1e9) / 1e9
+
+
+class LoopLag:
+    """Samples the running loop's lag; ``observe`` receives each sample (seconds)."""
+
+    def __init__(self, observe: Callable[[float], None], period_s: float = PERIOD_S) -> None:
+        self._observe = observe
+        self.period_s = period_s
+        self._epochs: deque[float] = deque(maxlen=_KEEP_EPOCHS)
+        self._first_epoch = 0  # absolute index of self._epochs[0]
+        self._t_base = time.monotonic()
+        self._fd = -1
+        self._expiries = 0
+        self._first_expiry = 0.0
+        self._unsampled: float | None = None  # expiry read, its sample not yet taken
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self.kind = "off"
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        made = _timerfd(self.period_s)
+        if made is not None:
+            self._fd, self._first_expiry = made
+            loop.add_reader(self._fd, self._on_timerfd)
+            self.kind = "timerfd"
+        else:
+            self._due = time.monotonic() + self.period_s
+            self._timer = loop.call_later(self.period_s, self._on_timer)
+            self.kind = "timer"
+
+    def stop(self) -> None:
+        if self._fd >= 0 and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timerfd(self) -> None:
+        try:
+            (n,) = struct.unpack("=Q", os.read(self._fd, 8))
+        except (BlockingIOError, InterruptedError):
+            return
+        oldest = self._first_expiry + self._expiries * self.period_s
+        self._expiries += n
+        assert self._loop is not None
+        # Measured once the loop has run this round's other ready callbacks: a read handled
+        # later in the same round than this one waited that much longer.
+        if self._unsampled is None:
+            self._unsampled = oldest
+            self._loop.call_soon(self._after_round)
+
+    def _after_round(self) -> None:
+        now = time.monotonic()
+        oldest, self._unsampled = self._unsampled, None
+        if oldest is not None:
+            self._sample(now, max(0.0, now - oldest))
+
+    def _on_timer(self) -> None:
+        now = time.monotonic()
+        assert self._loop is not None
+        self._sample(now, max(0.0, now - self._due))
+        self._due = now + self.period_s
+        self._timer = self._loop.call_later(self.period_s, self._on_timer)
+
+    def _sample(self, now: float, lag: float) -> None:
+        epochs = self._epochs
+        index = int((now - self._t_base) / EPOCH_S)
+        if not epochs:
+            epochs.append(0.0)
+            self._first_epoch = index
+        else:
+            gap = index - (self._first_epoch + len(epochs) - 1)
+            if gap > 0:
+                epochs.extend([0.0] * min(gap, _KEEP_EPOCHS))  # maxlen drops the oldest
+                self._first_epoch = index - len(epochs) + 1
+        if lag > epochs[-1]:
+            epochs[-1] = lag
+        self._observe(lag)
+
+    # -- per request ---------------------------------------------------------------------------
+
+    def mark(self) -> float:
+        """A request starts: remember when (monotonic seconds)."""
+        return time.monotonic()
+
+    def pending(self, now: float) -> float:
+        """How late the loop is right now: an expiry not yet read is waiting this long."""
+        if self._fd >= 0:
+            oldest = self._first_expiry + self._expiries * self.period_s
+            if self._unsampled is not None:
+                oldest = self._unsampled
+            return max(0.0, now - oldest)
+        return max(0.0, now - self._due) if self._timer is not None else 0.0
+
+    def max_since(self, start: float) -> float:
+        """The largest lag sampled since ``start`` (one epoch of slack either side), or now pending."""
+        now = time.monotonic()
+        worst = self.pending(now)
+        epochs = self._epochs
+        if epochs:
+            first = int((start - self._t_base) / EPOCH_S) - 1  # one epoch of slack before
+            count = self._first_epoch + len(epochs) - first
+            if count > 0:  # newest first: the cost follows the request's duration, not the history
+                worst = max(worst, max(islice(reversed(epochs), count)))
+        return worst

@@ -1,0 +1,145 @@
+"""The scenario state that every worker of ``serve --workers N`` sees at once.
+
+``POST /-/scenario`` reaches one worker.  That worker applies it to its own
+:class:`~exporter.proxy.scenarios.ScenarioBoard` (which writes ``scenarios.jsonl`` once) and
+publishes the result into a small memory-mapped file; every worker checks the file's version
+(an 8-byte read, no system call) before it resolves a request's scenario, so the next request
+on any worker carries the new label.  The supervisor renders ``llmbench_scenario_info`` from
+the same file (:class:`ScenarioInfoCollector`): one series per active round, none when
+cleared, however many workers there are.
+
+Layout: version (u64; odd while a writer is mid-way), length (u32), JSON
+``{engine: [scenario, round, since_unix]}``.  Writers hold ``flock`` on the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import mmap
+import os
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+
+from .scenarios import Active
+
+__all__ = ["SharedScenarios", "SharedBoard", "ScenarioInfoCollector"]
+
+_SIZE = 1 << 20  # engines x names of up to 128 characters fit many times over
+_HEAD = struct.Struct("=QI")
+
+
+class SharedScenarios:
+    """A memory-mapped scenario state file shared by the workers and the supervisor."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, _SIZE)
+
+    @classmethod
+    def create(cls, path: Path) -> SharedScenarios:
+        with open(path, "wb") as f:
+            f.truncate(_SIZE)
+        return cls(path)
+
+    def version(self) -> int:
+        return int(_HEAD.unpack_from(self._map, 0)[0])
+
+    def read(self) -> tuple[int, dict[str, list[Any]]]:
+        """(version, state); retried while a writer is mid-way (seqlock)."""
+        for _ in range(10_000):
+            before, length = _HEAD.unpack_from(self._map, 0)
+            if before % 2 == 0:
+                payload = bytes(self._map[_HEAD.size:_HEAD.size + length])
+                if _HEAD.unpack_from(self._map, 0)[0] == before:
+                    return before, json.loads(payload) if length else {}
+            time.sleep(0)
+        raise RuntimeError(f"{self.path}: scenario state stays mid-write")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def write_locked(self, state: dict[str, list[Any]]) -> None:
+        """Publish ``state``; the caller holds :meth:`locked`."""
+        payload = json.dumps(state, separators=(",", ":")).encode()
+        if _HEAD.size + len(payload) > _SIZE:
+            raise ValueError("scenario state too large")
+        version = self.version()
+        _HEAD.pack_into(self._map, 0, version + 1, 0)
+        self._map[_HEAD.size:_HEAD.size + len(payload)] = payload
+        _HEAD.pack_into(self._map, 0, version + 2, len(payload))
+
+    def wrap(self, board: Any) -> SharedBoard:
+        return SharedBoard(board, self)
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
+
+
+class SharedBoard:
+    """A worker's ScenarioBoard kept in step with the shared state (same interface)."""
+
+    def __init__(self, board: Any, shared: SharedScenarios) -> None:
+        self._board = board
+        self._shared = shared
+        self._seen = -1
+        self._since: dict[str, float] = {}
+
+    def _pull(self) -> None:
+        if self._shared.version() == self._seen:
+            return
+        self._seen, state = self._shared.read()
+        self._board._active = {e: Active(v[0], int(v[1])) for e, v in state.items()}
+        self._since = {e: float(v[2]) for e, v in state.items()}
+
+    def resolve(self, engine: str, header: str | None) -> tuple[str, int | None]:
+        self._pull()
+        result: tuple[str, int | None] = self._board.resolve(engine, header)
+        return result
+
+    def set(self, scenario: str | None, round_: int, engine: str | None = None) -> list[str]:
+        with self._shared.locked():
+            self._pull()
+            engines: list[str] = self._board.set(scenario, round_, engine)
+            now = time.time()
+            for e in engines:
+                self._since[e] = now
+            state = {e: [a.scenario, a.round, self._since.get(e, now)] for e, a in self._board._active.items()}
+            self._shared.write_locked(state)
+            self._seen = self._shared.version()
+        return engines
+
+    def __getattr__(self, name: str) -> Any:
+        self._pull()
+        return getattr(self._board, name)
+
+
+class ScenarioInfoCollector:
+    """``llmbench_scenario_info`` for the supervisor's /metrics, from the shared state."""
+
+    def __init__(self, shared: SharedScenarios) -> None:
+        self._shared = shared
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        _, state = self._shared.read()
+        fam = GaugeMetricFamily("llmbench_scenario_info", "1 while a scenario round is active.",
+                                labels=("engine", "scenario", "round"))
+        for engine, (scenario, rnd, _since) in sorted(state.items()):
+            fam.add_metric([engine, str(scenario), str(rnd)], 1.0)
+        yield fam

@@ -1,0 +1,267 @@
+"""``serve``: a supervisor and N worker processes that share the listen socket (SPEC section 14).
+
+* The supervisor binds the listen socket (a busy port is one clear line, before anything
+  starts), then forks N workers that accept on it.  Each worker is the whole measuring proxy
+  on its own event loop; the kernel hands each new connection to one of them.
+* Metric values live in prometheus_client's multiprocess files (a directory of its own for
+  this run).  ``GET /metrics`` on any worker is forwarded over a unix socket to the
+  supervisor, which merges every worker's files and renders them: the scrape costs the
+  workers' event loops a socket copy, not a render (that was 33 ms of held GIL with
+  2 engines x 10 scenarios configured).  This holds for ``--workers 1`` too.
+* The GPU collector runs once, in the supervisor.  The scenario state is shared
+  (:mod:`exporter.proxy.shared`).  Records: every worker appends whole lines to the same
+  ``requests.jsonl`` (one ``write(2)`` per line on an ``O_APPEND`` descriptor).
+* Workers die with the supervisor (``PR_SET_PDEATHSIG``): a SIGKILL of ``serve`` stops the
+  proxy as a whole.  If a worker dies, the supervisor stops the rest and exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import glob
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from pathlib import Path
+
+from .config import Config, parse_listen
+
+__all__ = ["run_supervised"]
+
+log = logging.getLogger("llmbench")
+
+#: on SIGTERM, requests in flight get this long to finish; the rest are recorded as
+#: ``proxy_error`` ("the proxy shut down while the request was in flight")
+SHUTDOWN_GRACE_S = 5.0
+_RUN_PREFIX = "llmbench-serve-"
+#: the supervisor's CPU priority, below the workers': a worker woken by a socket preempts a
+#: /metrics render at once (the workers are forked before this is set)
+SUPERVISOR_NICE = 10
+
+
+def _run_dir() -> Path:
+    """A fresh directory for this run's multiprocess files; those of dead runs are removed."""
+    tmp = Path(tempfile.gettempdir())
+    for old in tmp.glob(f"{_RUN_PREFIX}*-*"):
+        pid = old.name[len(_RUN_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{_RUN_PREFIX}{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(4096)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    sock.setblocking(False)
+    return sock
+
+
+def _die_with_parent(parent: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the supervisor died before the line above
+        os._exit(1)
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed: a cheaper hop per request and per read."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _worker_main(config: Config, sock: socket.socket, index: int, count: int, run_dir: Path, parent: int) -> None:
+    """One worker: the proxy app on the inherited socket, values in the multiprocess files."""
+    _die_with_parent(parent)
+    os.setpgid(0, 0)  # a signal to serve's process group (Ctrl-C, killpg) reaches the supervisor only
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    from prometheus_client import CollectorRegistry, values
+
+    values.ValueClass = values.MultiProcessValue()  # before any metric is made
+    from aiohttp import web
+
+    from .app import create_app
+    from .shared import SharedScenarios
+    from .state import STATE, Worker
+
+    worker = Worker(str(index) if count > 1 else None, run_dir / "metrics.sock",
+                    SharedScenarios(run_dir / "scenarios.state"))
+    app = create_app(config.model_copy(update={"gpu": "off"}), CollectorRegistry(), worker)
+    app[STATE].shutdown_grace_s = SHUTDOWN_GRACE_S
+    app.on_startup.append(_freeze_startup_objects)
+    web.run_app(app, sock=sock, access_log=None, handler_cancellation=True, print=None,
+                shutdown_timeout=1.0, loop=_event_loop())
+
+
+async def _freeze_startup_objects(app: object) -> None:
+    """Keep the garbage collector off what lives as long as the process (the metric series,
+    config, modules: ~57k objects with 2 engines x 10 scenarios).  A full collection over
+    them took 33 ms, a stall of the loop and of every timestamp taken behind it."""
+    gc.collect()
+    gc.freeze()
+
+
+def _in_flight(run_dir: Path) -> float:
+    """All workers' requests in flight (the simulated GPUs follow it)."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    files = glob.glob(str(run_dir / "gauge_livesum_*.db"))
+    return sum(s.value for m in MultiProcessCollector.merge(files) for s in m.samples
+               if s.name == "llmbench_requests_in_flight")
+
+
+async def _render_forever(config: Config, run_dir: Path, stop: asyncio.Event) -> None:
+    """The supervisor's /metrics on a unix socket: every worker's values, merged."""
+    from aiohttp import web
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from .gpu import GpuCollector, make_source, poll_forever
+    from .shared import ScenarioInfoCollector, SharedScenarios
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(run_dir))
+    registry.register(ScenarioInfoCollector(SharedScenarios(run_dir / "scenarios.state")))
+    tasks = []
+    source = make_source(config.gpu, lambda: _in_flight(run_dir))
+    if source is not None:
+        tasks.append(asyncio.create_task(poll_forever(source, GpuCollector(registry), config.gpu_interval_s)))
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.UnixSite(runner, str(run_dir / "metrics.sock")).start()
+    with contextlib.suppress(OSError):  # from now on the renderer yields the CPU to the workers
+        os.nice(SUPERVISOR_NICE)
+    try:
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if source is not None:
+            source.close()
+        await runner.cleanup()
+
+
+async def _supervise(config: Config, pids: dict[int, int], run_dir: Path) -> int:
+    """Render /metrics until SIGTERM/SIGINT or a worker's death; return the exit status."""
+    from prometheus_client.multiprocess import mark_process_dead
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    renderer = asyncio.create_task(_render_forever(config, run_dir, stop))
+    status = 0
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+        for pid in list(pids):
+            done, code = os.waitpid(pid, os.WNOHANG)
+            if done:
+                log.error("worker %d (pid %d) exited with status %d: stopping the proxy", pids.pop(pid), pid, code)
+                mark_process_dead(pid, str(run_dir))
+                status = 1
+                stop.set()
+        if renderer.done():
+            renderer.result()  # raise what stopped it
+    await renderer
+    return status
+
+
+def _stop_workers(pids: dict[int, int], timeout_s: float = SHUTDOWN_GRACE_S + 5.0) -> None:
+    """SIGTERM each worker (they finish their requests, as aiohttp's shutdown allows), then wait."""
+    import time
+
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def run_supervised(config: Config, workers: int) -> int:
+    """Bind, fork the workers, render /metrics until stopped; the exit status."""
+    host, port = parse_listen(config.listen)
+    sock = _bind(host, port)  # OSError: the caller prints one line
+    run_dir = _run_dir()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir)
+    from . import app, gpu, shared  # noqa: F401  imported once, before the fork: quicker starts
+    from .shared import SharedScenarios
+
+    SharedScenarios.create(run_dir / "scenarios.state").close()
+    pids: dict[int, int] = {}
+    parent = os.getpid()
+    try:
+        for index in range(workers):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                code = 0
+                try:
+                    _worker_main(config, sock, index, workers, run_dir, parent)
+                except KeyboardInterrupt:
+                    pass
+                except BaseException:
+                    log.exception("worker %d failed", index)
+                    code = 1
+                finally:
+                    os._exit(code)
+            pids[pid] = index
+        sock.close()
+        log.info("proxy on http://%s:%d (%d worker%s), engines: %s", host, port, workers,
+                 "s" if workers > 1 else "", ", ".join(f"{e.name} -> {e.display_url}" for e in config.engines))
+        return _run(config, pids, run_dir)
+    finally:
+        _stop_workers(pids)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run(config: Config, pids: dict[int, int], run_dir: Path) -> int:
+    loop = _event_loop()
+    try:
+        return loop.run_until_complete(_supervise(config, pids, run_dir))
+    finally:
+        loop.close()

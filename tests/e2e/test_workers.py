@@ -1,0 +1,83 @@
+"""``serve --workers N`` (SPEC section 14): one /metrics view of all workers, whole record
+lines that add up, one scenario state, the GPU collector once, a clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
+
+from tests.helpers import metric_value
+
+
+def _metrics(url: str) -> str:
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            return resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"/metrics: HTTP {exc.code}: {exc.read()[:300]!r}") from None
+
+
+async def _send(url: str, n: int, headers: dict[str, str] | None = None) -> list[int]:
+    req = {"prompt": "x", "max_tokens": 4, "ignore_eos": True, "stream": True}
+    statuses = []
+
+    async def one() -> None:
+        # a new connection each time, so that requests spread over the workers
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            async with s.post(f"{url}/vllm/v1/completions", json=req, headers=headers or {}) as r:
+                await r.read()
+                statuses.append(r.status)
+
+    for start in range(0, n, 16):
+        await asyncio.gather(*(one() for _ in range(min(16, n - start))))
+    return statuses
+
+
+def test_workers_share_one_view(tmp_path: Path) -> None:
+    ports = {name: free_port() for name in ("sim", "proxy")}
+    url = f"http://127.0.0.1:{ports['proxy']}"
+    cfg = tmp_path / "proxy.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "listen": f"127.0.0.1:{ports['proxy']}", "records_dir": str(tmp_path / "run"),
+        "scenarios": ["s1", "s2"], "gpu": "sim:2", "gpu_interval_s": 0.2,
+        "engines": [{"name": "vllm", "upstream": f"http://127.0.0.1:{ports['sim']}", "usage": "inject"}]}))
+    sim = Child("sim", exporter_argv("sim", "--profile", "vllm", "--listen", f"127.0.0.1:{ports['sim']}",
+                                     "--speed", "50"), tmp_path)
+    proxy = Child("proxy", exporter_argv("serve", "--config", str(cfg), "--workers", "2"), tmp_path)
+    try:
+        wait_http(f"http://127.0.0.1:{ports['sim']}/health", 30, sim)
+        wait_http(f"{url}/-/ready", 30, proxy)
+        assert asyncio.run(_send(url, 48)) == [200] * 48
+        body = json.dumps({"scenario": "s2", "round": 5}).encode()
+        urllib.request.urlopen(urllib.request.Request(f"{url}/-/scenario", data=body, method="POST"), timeout=10)
+        assert asyncio.run(_send(url, 32)) == [200] * 32  # on whichever worker: all see s2 round 5
+        text = _metrics(url)
+        records = [json.loads(x) for x in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
+        assert len(records) == 80 == metric_value(text, "llmbench_requests_total")
+        assert metric_value(text, "llmbench_requests_total", outcome="success") == 80
+        assert [(r["scenario"], r["round"]) for r in records[48:]] == [("s2", 5)] * 32
+        assert metric_value(text, "llmbench_requests_total", scenario="s2") == 32
+        assert all(r["usage_injected"] and r["timing_uncertainty_s"] >= 0 for r in records)
+        lag = {s for s in text.splitlines() if s.startswith("llmbench_proxy_event_loop_lag_seconds_count")}
+        assert {line.split('worker="')[1][0] for line in lag} == {"0", "1"}  # both workers, one scrape
+        assert text.count("llmbench_scenario_info{") == 1
+        assert metric_value(text, "llmbench_scenario_info", scenario="s2", round="5") == 1
+        gpus = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
+        assert len(gpus) == 2  # the GPU collector runs once, not once per worker
+        assert metric_value(text, "llmbench_requests_in_flight") == 0
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert proxy.proc.wait(15) == 0
+    finally:
+        proxy.stop()
+        sim.stop()
+    log = proxy.log_path.read_text()
+    assert "Traceback" not in log, log
