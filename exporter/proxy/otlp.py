@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import threading
 import time
 from bisect import bisect_left
@@ -110,7 +112,10 @@ class OtlpObserver(Observer):
         self.exporter = exporter if exporter is not None else OTLPMetricExporter(
             endpoint=metrics_url(str(config.otlp.endpoint)))
         self.interval_s = config.otlp.interval_s
-        self.resource = Resource.create({"service.name": "llm-bench-exporter", "service.version": __version__})
+        # One resource per process: under ``serve --workers N`` each worker pushes its own
+        # cumulative series, told apart by service.instance.id (host:pid), as the SDK expects.
+        self.resource = Resource.create({"service.name": "llm-bench-exporter", "service.version": __version__,
+                                         "service.instance.id": f"{socket.gethostname()}:{os.getpid()}"})
         self.scope = InstrumentationScope("llm-bench-exporter", __version__)
         self.start_ns = time.time_ns()
         self._lock = threading.Lock()
