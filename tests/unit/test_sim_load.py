@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,7 @@ async def test_driver_ttft_agrees_with_proxy_record(aiohttp_server: Any, proxy_f
     proxy_recs = {r["client_request_id"]: r for r in read_records(tmp_path)}
     drv = [r for r in summary["cells"][0]["rounds"]]
     assert drv[0]["success"] == 12
-    diffs = []
-    import json
+    diffs, tails = [], []
     for line in (tmp_path / "load" / "requests.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec["scenario"] == "warmup":
@@ -98,9 +98,12 @@ async def test_driver_ttft_agrees_with_proxy_record(aiohttp_server: Any, proxy_f
         assert prox["id"] == rec["proxy_id"] and prox["outcome"] == rec["outcome"] == "success"
         assert (prox["scenario"], prox["round"]) == ("short-c1", 1)
         diffs.append(rec["ttft_s"] - prox["ttft_s"])
+        tails.append(prox["e2e_s"] - prox["ttft_s"])
     assert len(diffs) == 12
     assert statistics.median(diffs) >= 0  # the driver's t0 is earlier than the proxy's
-    assert statistics.median(diffs) < 0.005 and max(diffs) < 0.05
+    # Both stamp the same event: the driver's TTFT lies far nearer the proxy's TTFT than the
+    # proxy's end of stream (a ratio, so the check holds on a loaded machine too).
+    assert statistics.median(diffs) < 0.25 * statistics.median(tails)
 
 
 async def test_plan_stop_rule(aiohttp_server: Any, tmp_path: Path) -> None:
