@@ -26,12 +26,15 @@ class _Protocol:
         self.paused = 0
         self.resumed = 0
         self.connected = True
+        self._reading_paused = False  # aiohttp 3.12-3.13's StreamReader reads it
 
     def pause_reading(self) -> None:
         self.paused += 1
+        self._reading_paused = True
 
     def resume_reading(self, resume_parser: bool = True) -> None:
         self.resumed += 1
+        self._reading_paused = False
 
 
 class _Transport(asyncio.Transport):
