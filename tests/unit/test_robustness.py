@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import json
-import signal
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from exporter.harness.load import Cell, Driver, Plan, Stage
-from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
 
 from tests.helpers import read_records, stream_events
 
