@@ -1,4 +1,4 @@
-"""``llm-bench-exporter`` command line: serve, sim, load, demo, dashboards.
+"""llm-bench-exporter: a strict measuring proxy for LLM serving benchmarks, and its tools.
 
 Subcommands are imported lazily: ``serve`` loads the proxy only, never grafanalib,
 matplotlib or requests, and ``import exporter.cli`` costs next to nothing.

@@ -70,12 +70,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="run the measuring proxy exporter",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    serve.add_argument("--config", required=True, help="YAML config file")
-    serve.add_argument("--listen", type=_listen, help="HOST:PORT (overrides the config's listen)")
-    serve.add_argument("--gpu", type=_gpu, help="off | nvml | sim:N (overrides the config's gpu)")
+    serve = sub.add_parser("serve", help="run the measuring proxy exporter")
+    serve.add_argument("--config", required=True, help="YAML config file (required; see examples/stack.yaml)")
+    serve.add_argument("--listen", type=_listen, help="HOST:PORT to listen on (default: the config's listen, itself 127.0.0.1:9464 by default)")
+    serve.add_argument("--gpu", type=_gpu, help="GPU collector: off | nvml | sim:N (default: the config's gpu, itself off by default)")
     serve.add_argument("--workers", type=_workers, default=1,
                        help="proxy processes sharing the listen port (one /metrics view of all; "
-                            "a supervisor process renders it)")
+                            "a supervisor process renders it; default: 1)")
     serve.set_defaults(func=cmd_serve)
