@@ -8,18 +8,32 @@ both judge the same documents invalid.  Where orjson and the standard library wo
 document differently (integers over 64 bits become floats in orjson; NaN, Infinity and lone
 surrogates orjson refuses), the standard library's reading is the meaning: :func:`loads` falls
 back to it on refusal, and callers that need exact integers use :func:`loads_exact`.
+
+The depth check, and the request scan's skipping of large values, read structure at C speed
+with ``bytes`` methods only: :func:`blank_escapes` hides escaped quotes, :func:`structure_marks`
+keeps the brackets that stand outside strings, :func:`low_point` sums them, and
+:func:`safe_cut` cuts a body into chunks without splitting an escape.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from itertools import accumulate, count
-from operator import sub
+from itertools import accumulate, repeat
+from operator import mul, sub
 from types import ModuleType
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "loads", "loads_exact", "nesting_depth_exceeds"]
+__all__ = [
+    "MAX_DEPTH",
+    "blank_escapes",
+    "loads",
+    "loads_exact",
+    "low_point",
+    "nesting_depth_exceeds",
+    "safe_cut",
+    "structure_marks",
+]
 
 #: Deepest nesting accepted: far beyond any engine's output (about 6), far below a recursion limit.
 MAX_DEPTH = 512
@@ -30,28 +44,79 @@ try:  # a regular dependency; about 5x quicker per event than the standard libra
 except ImportError:  # pragma: no cover - depends on the install
     _orjson = None
 
-# Bytes that are neither brackets nor quotes, deleted before counting depth.
-_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
-_QUOTED = re.compile(rb'"[^"]*"')
-# After the deletion: an opening bracket counts 2, a closing one 0 (depth = 2*opens - position).
-_STEP = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_MARK = bytes(b for b in range(256) if b not in b'"[]{}')  # deleted: all but quotes and brackets
+_AS_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_FLIPPED = bytes.maketrans(b"[]", b"][")
+_BACKSLASHES = re.compile(rb"\\*")
+# Balanced blocks removed in one round of low_point (each keeps the lowest depth where it stands).
+_BLOCKS = (b"[" * 16 + b"]" * 16, b"[[[[]]]]", b"[]")
+
+
+def safe_cut(data: bytes, i: int) -> int:
+    """``i``, or just past the run of backslashes (and the byte it may escape) that ``i`` falls in:
+    a cut there leaves every escape whole on one side, and the byte after it unescaped."""
+    if i >= len(data):
+        return len(data)
+    if i <= 0 or data[i - 1] != 0x5C:
+        return max(i, 0)
+    run = _BACKSLASHES.match(data, i)
+    return min((run.end() if run else i) + 1, len(data))
+
+
+def blank_escapes(data: bytes) -> bytes:
+    """``data`` with every escaped backslash and escaped quote overwritten by ``_`` (same
+    length), so that its quotes are the unescaped ones.  ``data`` must come from
+    :func:`safe_cut` boundaries.  Costs one ``bytes.replace`` match per escape."""
+    if b"\\" not in data:
+        return data
+    return data.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+
+
+def structure_marks(data: bytes, in_string: bool = False) -> tuple[bytes, bool]:
+    """The brackets of ``data`` that stand outside strings (``{}`` written as ``[]``), and whether
+    ``data`` ends inside a string.  ``in_string``: it starts inside one.  ``data`` must come
+    from :func:`safe_cut` boundaries.  C-speed: a few passes of bytes methods, whatever the
+    content; the cost per escape or per string is that of one match of ``bytes.replace`` or
+    ``bytes.split``, and only strings that contain brackets cost the latter."""
+    marks = blank_escapes(data).translate(None, _NOT_MARK)  # other escapes do no harm
+    if in_string:
+        marks = b'"' + marks
+    if b'"' in marks:
+        marks = marks.replace(b'""', b"")  # an empty stretch between two quotes, inside or out
+        if b'"' in marks:
+            pieces = marks.split(b'"')
+            return b"".join(pieces[::2]).translate(_AS_BRACKETS), len(pieces) % 2 == 0
+    return marks.translate(_AS_BRACKETS), False
+
+
+def low_point(brackets: bytes) -> tuple[int, int]:
+    """``(net, low)`` of a sequence of ``[`` and ``]``: the depth it ends at and the lowest depth
+    it reaches (``<= 0``), starting from 0.  Balanced blocks are removed first (at most 8
+    rounds of ``bytes.replace``), then the remaining runs are summed in C iterators."""
+    for _ in range(8):
+        valleys = brackets.count(b"][")
+        if valleys < 4096 or valleys < len(brackets) >> 6:
+            break
+        for block in _BLOCKS:
+            brackets = brackets.replace(block, b"")
+    runs = brackets.split(b"][")  # each run is '['*a + ']'*b; between runs the depth dips by one
+    twice_opens = map(mul, map(bytes.count, runs, repeat(b"[")), repeat(2))
+    depths = list(accumulate(map(sub, twice_opens, map(len, runs))))
+    return depths[-1], min(0, depths[-1], min(depths[:-1], default=1) - 1)
 
 
 def nesting_depth_exceeds(data: bytes, limit: int = MAX_DEPTH) -> bool:
     """True when the brackets outside strings nest deeper than ``limit``.
 
     Cheap for ordinary documents: with at most ``limit`` opening brackets in all, no scan is
-    needed.  Otherwise escapes and strings are removed and the depth is accumulated in C
-    iterators (linear in the number of brackets).  Unbalanced input is judged by its brackets
-    as they stand; it is invalid JSON either way.
+    needed.  Otherwise C-speed (:func:`structure_marks`, :func:`low_point`), whatever the
+    content.  Unbalanced input is judged by its brackets as they stand; it is invalid JSON
+    either way.
     """
     if data.count(b"[") + data.count(b"{") <= limit:
         return False
-    bare = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
-    brackets = _QUOTED.sub(b"", bare).replace(b'"', b"").translate(_STEP)
-    if not brackets:
-        return False
-    return max(map(sub, accumulate(brackets), count(1))) > limit
+    brackets, _ = structure_marks(data)
+    return -low_point(brackets.translate(_FLIPPED))[1] > limit
 
 
 def loads_exact(data: bytes, max_depth: int = MAX_DEPTH) -> Any:

@@ -1,17 +1,50 @@
-"""RequestSpec.from_body: a top-level scan that must read what a full parse reads."""
+"""RequestSpec.from_body: a top-level scan that must read what a full parse reads.
+
+Every path of the scan (strings read in chunks, containers summed and halved, jumps between
+possible wanted keys) is also run with its thresholds made tiny (``TUNINGS``), so that small
+documents take the paths large bodies take.
+"""
 
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import accumulate
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import exporter.core.jsondepth as jsondepth
+from exporter.core import jsondepth, request
+from exporter.core.jsondepth import low_point, nesting_depth_exceeds
 from exporter.core.request import MAX_MODEL_CHARS, WANTED, RequestSpec, top_level_members
 
-_TRICKY = st.text(alphabet=st.sampled_from(list('ab"\\{}[]:, \n\t\u00e9\U0001f600/')), max_size=30)
+TUNINGS: dict[str, dict[str, int]] = {
+    "default": {},
+    "tiny": {"_BATCH": 1, "_MIN_TOKEN_BYTES": 1 << 40, "_CHUNK": 37, "_EXACT": 5, "_QUOTE_SCANS": 0, "_PIECE": 3,
+             "MAX_MEMBERS": 1, "_JUMP_MEMBERS": 1, "_JUMP_BACK": 130, "_NEAR": 2},
+    "one byte": {"_BATCH": 3, "_MIN_TOKEN_BYTES": 1 << 40, "_CHUNK": 1, "_EXACT": 1, "_QUOTE_SCANS": 1,
+                 "_PIECE": 1, "MAX_MEMBERS": 2, "_JUMP_MEMBERS": 2, "_JUMPS": 1, "_NEAR": 1},
+}
+
+
+@contextmanager
+def tuned(name: str) -> Iterator[None]:
+    saved = {k: getattr(request, k) for k in TUNINGS[name]}
+    for k, v in TUNINGS[name].items():
+        setattr(request, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(request, k, v)
+
+
+_RUNS = st.builds(lambda k, tail: "\\" * k + tail, st.integers(0, 80), st.sampled_from(['"', "", "a", "[", "}"]))
+_TRICKY = st.one_of(st.text(alphabet=st.sampled_from(list('ab"\\{}[]:, \n\t\u00e9\U0001f600/')), max_size=30),
+                    st.lists(_RUNS, max_size=4).map("".join))
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(1 << 80), max_value=1 << 80),
                      st.floats(allow_nan=False, allow_infinity=False), _TRICKY)
 _VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
@@ -27,11 +60,28 @@ def _spelled(doc: dict, style: int) -> bytes:
     return (" \n" + json.dumps(doc, indent=style - 1) + "\r\n").encode()
 
 
+@pytest.mark.parametrize("tuning", TUNINGS)
 @settings(max_examples=100, deadline=None)
 @given(doc=st.dictionaries(_KEYS, _VALUES, max_size=8), style=st.integers(0, 3))
-def test_scan_equals_full_parse(doc: dict, style: int) -> None:
+def test_scan_equals_full_parse(tuning: str, doc: dict, style: int) -> None:
     body = _spelled(doc, style)
-    assert top_level_members(body) == {k: v for k, v in json.loads(body).items() if k in WANTED}
+    with tuned(tuning):
+        assert top_level_members(body) == {k: v for k, v in json.loads(body).items() if k in WANTED}
+
+
+@pytest.mark.parametrize("tuning", TUNINGS)
+@settings(max_examples=30, deadline=None)
+@given(doc=st.dictionaries(_KEYS, _VALUES, max_size=8), cuts=st.lists(st.integers(0, 1 << 16), max_size=3),
+       bytes_in=st.lists(st.sampled_from(list(b'[]{}"\\,:a ')), min_size=3, max_size=3))
+def test_broken_bodies_never_raise(tuning: str, doc: dict, cuts: list[int], bytes_in: list[int]) -> None:
+    body = bytearray(_spelled(doc, 0))
+    for cut, b in zip(cuts, bytes_in):
+        body[cut % len(body)] = b
+    with tuned(tuning):
+        for broken in (bytes(body), bytes(body[:cuts[0] % len(body)] if cuts else body[:-1])):
+            members = top_level_members(broken)
+            assert members is None or set(members) <= WANTED
+            assert isinstance(RequestSpec.from_body(broken), RequestSpec)
 
 
 def test_duplicate_keys_last_wins_like_json_loads() -> None:
@@ -80,10 +130,8 @@ def test_large_body_is_scanned_not_parsed(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize("seed", range(6))
 def test_long_strings_with_escapes_across_scan_windows(seed: int) -> None:
-    """Strings full of quotes and backslashes, longer than the scan's first windows (and one
-    past the point where the scan hands over to a full parse): the same fields."""
-    import random
-
+    """Strings full of quotes and backslashes, longer than the scan's first chunks (and than
+    a whole counted chunk): the same fields."""
     rng = random.Random(seed)
     size = [5000, 17_000, 70_000, 300_000][seed % 4]
     text = "".join(rng.choice('ab"\\\\\n{') for _ in range(size))
@@ -92,3 +140,96 @@ def test_long_strings_with_escapes_across_scan_windows(seed: int) -> None:
     body = json.dumps(doc).encode()
     assert top_level_members(body) == {k: v for k, v in doc.items() if k in WANTED}
     assert RequestSpec.from_body(body) == RequestSpec(stream=True, expected_tokens=5, model=text[:10])
+
+
+@pytest.mark.parametrize("tuning", TUNINGS)
+@pytest.mark.parametrize("run", [1, 2, 63, 64, 65, 200, 201, 5000])
+def test_long_runs_of_backslashes(tuning: str, run: int) -> None:
+    """A quote after a run of backslashes ends the string when the run is even, wherever the
+    run starts (within the last 64 bytes, or before: then it is found with translate)."""
+    text = "x" * (run % 7) + "\\" * (run // 2) + ('"' if run % 2 else "") + "y\\"
+    doc = {"prompt": text, "stream": True, "x": [text, {text: text}], "max_tokens": 9}
+    with tuned(tuning):
+        assert top_level_members(json.dumps(doc).encode()) == {"stream": True, "max_tokens": 9}
+
+
+def _tools(count: int, rng: random.Random) -> list[object]:
+    """Short tokens with brackets, quotes and escapes inside strings: a container to be summed."""
+    odd = ['a"[{', "}]\\", '\\"', "[[", "\u00e9]", ""]
+    return [{"type": "function", "function": {"name": rng.choice(odd) * rng.randint(0, 3),
+                                              "parameters": {"properties": [rng.choice(odd), [[]], {}]}}}
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_wide_containers_are_summed_exactly(seed: int) -> None:
+    """Thousands of short tokens: the walk hands over to chunk sums and halving, and reads
+    the members after the container the same way a full parse does."""
+    rng = random.Random(seed)
+    doc = {"model": "m", "tools": _tools(3000, rng), "stream": True, "messages": [[_tools(300, rng)]] * 3,
+           "ignore_eos": True, "max_tokens": 7}
+    body = json.dumps(doc, ensure_ascii=bool(seed % 2)).encode()
+    assert top_level_members(body) == {k: v for k, v in doc.items() if k in WANTED}
+
+
+@pytest.mark.parametrize("tuning", ["default", "tiny"])
+def test_many_top_level_members_jump_to_wanted_keys(tuning: str) -> None:
+    """Past MAX_MEMBERS members the scan jumps to where a wanted key could be spelled: raw,
+    escaped (\\u0073tream), as a nested key or a string value (decoys), last one winning."""
+    members = [f'"k{i}":[{i},"x"]' for i in range(2500)]
+    members[1500] = '"model":"first"'
+    members[1700] = '"x":{"stream":false,"model":"nested"}'
+    members[1800] = '"y":"model"'
+    members[2000] = '"\\u0073tream":true'
+    members[2100] = '"max_tokens":5'
+    members[2400] = '"model":"last"'
+    body = ("{" + ",".join(members) + "}").encode()
+    with tuned(tuning):
+        assert top_level_members(body) == {"model": "last", "stream": True, "max_tokens": 5}
+        assert top_level_members(b"{" + b'"a":1,' * 3000 + b'"b":2}') == {}
+
+
+def test_too_many_places_to_jump_parse_the_body_whole() -> None:
+    body = ("{" + ",".join(f'"model{i}":"model"' for i in range(1500)) + ',"stream":true}').encode()
+    assert top_level_members(body) == {"stream": True}
+    with tuned("one byte"):
+        assert top_level_members(body) == {"stream": True}
+
+
+def _reference_depth(data: bytes) -> int:
+    depth = deepest = 0
+    inside = escaped = False
+    for c in data:
+        if inside:
+            escaped, inside = (False, True) if escaped else (c == 0x5C, c != 0x22)
+        elif c == 0x22:
+            inside = True
+        elif c in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in b"]}":
+            depth -= 1
+    return deepest
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_depth_check_and_low_point_match_a_byte_by_byte_walk(seed: int) -> None:
+    rng = random.Random(seed)
+    doc: object = _tools(50, rng)
+    for _ in range(rng.randint(3, 40)):
+        doc = [doc, rng.choice(['"[', "\\", "{"])] if rng.random() < 0.5 else {"[\"": doc}
+    body = json.dumps(doc).encode()
+    for limit in (1, 5, _reference_depth(body) - 1, _reference_depth(body)):
+        assert nesting_depth_exceeds(body, limit) == (_reference_depth(body) > limit)
+    for length in (0, 1, 10, 50_000):  # long enough for the block-removal rounds
+        brackets = bytes(rng.choice(b"[]") for _ in range(length))
+        steps = list(accumulate(1 if c == 0x5B else -1 for c in brackets))
+        assert low_point(brackets) == (steps[-1] if steps else 0, min([0, *steps]))
+
+
+def test_token_ids_and_long_gaps_without_marks() -> None:
+    """Long stretches without quotes or brackets (token ids, whitespace) are crossed by find."""
+    ids = list(range(20_000))
+    doc = {"prompt": ids, "x": [ids, " " * 5000, [[ids]]], "stream": True, "max_tokens": 3}
+    body = json.dumps(doc, indent=1).encode()
+    assert top_level_members(body) == {"stream": True, "max_tokens": 3}
