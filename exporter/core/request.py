@@ -299,9 +299,11 @@ def _key_near(body: bytes, at: int, target: int) -> int | None:
     it); None after the closing brace.  ``body[at:target]`` is summed, not read."""
     if target <= at:
         return at
-    cut = safe_cut(body, target)
-    brackets, in_string = structure_marks(body[at:cut])
-    depth = 1 + low_point(brackets)[0]
+    depth, in_string, cut = 1, False, at
+    while cut < target:  # a chunk at a time, so that no copy is larger than _CHUNK
+        start, cut = cut, safe_cut(body, min(cut + _CHUNK, target))
+        brackets, in_string = structure_marks(body[start:cut], in_string)
+        depth += low_point(brackets)[0]
     pos = _closing_quote(body, cut) + 1 if in_string else cut
     if depth > 1:
         pos = _close(body, pos, depth - 1)

@@ -61,7 +61,7 @@ def _spelled(doc: dict, style: int) -> bytes:
 
 
 @pytest.mark.parametrize("tuning", TUNINGS)
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(doc=st.dictionaries(_KEYS, _VALUES, max_size=8), style=st.integers(0, 3))
 def test_scan_equals_full_parse(tuning: str, doc: dict, style: int) -> None:
     body = _spelled(doc, style)
