@@ -44,6 +44,7 @@ async def test_decode_reproduces_proxy_verdict(aiohttp_server: Any, proxy_factor
     assert result["completion_tokens"] == rec["completion_tokens"] and result["visible_chars"] == rec["visible_chars"]
 
 
+@pytest.mark.slow  # a subprocess: runs in the full suite
 async def test_decode_success_and_broken_captures(aiohttp_server: Any, proxy_factory: Any, tmp_path: Path) -> None:
     sim = await aiohttp_server(create_sim_app(build_params("vllm", speed=50.0)))
     proxy = await proxy_factory(sim.port, capture_raw_sse="all")

@@ -213,6 +213,7 @@ def test_unwritable_output_is_one_line_and_exit_2(tmp_path: Path, option: str,
     assert "cannot write" in lines[0] and str(blocker) in lines[0] and "Not a directory" in lines[0]
 
 
+@pytest.mark.slow  # a subprocess: runs in the full suite
 def test_unwritable_output_through_the_cli(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")

@@ -29,6 +29,7 @@ def _run(code: str) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.slow  # a subprocess: runs in the full suite
 def test_serve_imports_no_board_or_evidence_libraries() -> None:
     out = _run(
         "import sys\n"
@@ -40,6 +41,7 @@ def test_serve_imports_no_board_or_evidence_libraries() -> None:
     assert out == "[]"
 
 
+@pytest.mark.slow  # a subprocess: runs in the full suite
 def test_import_cli_is_quick() -> None:
     best = min(float(_run("import time; t = time.perf_counter(); import exporter.cli; "
                           "print(time.perf_counter() - t)")) for _ in range(3))

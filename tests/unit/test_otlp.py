@@ -250,6 +250,7 @@ print("opentelemetry.sdk.metrics" in sys.modules)
 """
 
 
+@pytest.mark.slow  # a subprocess: runs in the full suite
 def test_sdk_imported_only_when_configured(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", IMPORT_CHECK, str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
