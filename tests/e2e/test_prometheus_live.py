@@ -5,22 +5,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from dashboards.catalogue import PANELS, ROUND_ANNOTATIONS, expand
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-PROM = ROOT / "prometheus"
-
-
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
 def _has_data(series: list[dict]) -> bool:

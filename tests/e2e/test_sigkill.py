@@ -6,24 +6,11 @@ import asyncio
 import json
 import signal
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
-
-from tests.helpers import stream_events
-
-REQ = {"prompt": "x", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
-
-
-async def _through(upstream: Any, proxy_factory: Any, body: bytes, **cfg: Any) -> tuple[bytes, Any]:
-    up, server = upstream
-    up.handler = lambda r: stream_events(r, [body[i:i + 1000] for i in range(0, len(body), 1000)])
-    client = await proxy_factory(server.port, **cfg)
-    resp = await client.post("/vllm/v1/completions", json=REQ)
-    return await resp.read(), resp
 
 
 def test_sigkill_leaves_no_torn_record(tmp_path: Path) -> None:
