@@ -131,14 +131,16 @@ def start_prometheus(config: Path, data_dir: Path, port: int, log_dir: Path) -> 
 def wait_for_scrapes(prom_url: str, targets: int, timeout_s: float = 60.0) -> None:
     """Prometheus staggers first scrapes over an interval: wait until ``targets`` are up,
     so that load started afterwards is seen from its first request."""
+    from dashboards.evidence.promapi import Prometheus, PromError
+
+    prom = Prometheus(prom_url, timeout_s=5)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            doc = requests.get(f"{prom_url}/api/v1/query", params={"query": "sum(up)"}, timeout=5).json()
-            result = doc["data"]["result"]
+            result = prom.query("sum(up)")
             if result and float(result[0]["value"][1]) >= targets:
                 return
-        except (requests.RequestException, ValueError, KeyError):
+        except (PromError, ValueError, KeyError):
             pass
         time.sleep(0.5)
     raise TimeoutError(f"Prometheus at {prom_url} did not scrape {targets} targets within {timeout_s:.0f} s")

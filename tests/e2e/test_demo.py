@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 
+from dashboards.evidence.promapi import Prometheus
 from tests.helpers import require_prometheus
 
 
@@ -86,10 +87,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         assert "stack left running" in log, log
         assert prom, log
 
-        def series(expr: str) -> list[dict]:
-            r = requests.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10)
-            r.raise_for_status()
-            return r.json()["data"]["result"]
+        series = Prometheus(prom).query
 
         ok = series('sum by (engine) (llmbench_requests_total{outcome="success"})')
         assert {s["metric"]["engine"] for s in ok} == {"sglang", "vllm"}
