@@ -1,1 +1,1 @@
-"""Grafana boards as code, the panel query catalogue, and the evidence tool."""
+"""Grafana boards as code and the panel query catalogue."""

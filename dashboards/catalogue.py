@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from exporter.proxy.config import DEFAULT_SLO
-
 from .mixin import CONFIG as MIXIN
 
 __all__ = [
@@ -35,9 +33,9 @@ VM_DATASOURCE_UID = "llmbench-victoriametrics"
 #: interval of prometheus/prometheus.yml that is 12 samples, >= 4 scrape intervals.
 RATE_WINDOW = "1m"
 W = RATE_WINDOW
-#: The SLO the boards and alerts draw (the config's defaults, SPEC section 11).
-SLO_TTFT_S = DEFAULT_SLO.ttft_s
-SLO_TPOT_S = DEFAULT_SLO.tpot_s
+#: The SLO the boards and alerts draw; the proxy's config defaults read it from the mixin too.
+SLO_TTFT_S = MIXIN.slo_ttft_s
+SLO_TPOT_S = MIXIN.slo_tpot_s
 
 E = MIXIN.engine_label
 BY_E = MIXIN.by_engine
@@ -66,7 +64,7 @@ def _rate(metric: str, *matchers: str) -> str:
 
 _OK_M, _JUDGED_M, _MET_M = 'outcome="success"', 'outcome!="client_abort"', 'result="met"'
 _OK = "llmbench_requests_total" + MIXIN.proxy(_OK_M, _ES)
-#: judged requests (SPEC section 11): every outcome but client_abort
+#: judged requests: every outcome but client_abort
 _JUDGED = "llmbench_requests_total" + MIXIN.proxy(_JUDGED_M, _ES)
 _FAILED = "llmbench_requests_total" + MIXIN.proxy('outcome="failure"', _ES)
 _EMPTY = "llmbench_empty_text_responses_total" + MIXIN.proxy(_ES)
@@ -167,7 +165,7 @@ def _round_marks(which: str, agg: str, color: str) -> Annotation:
 
 
 #: Each round's start and end, exact to the proxy's clock even for rounds shorter than a scrape
-#: (SPEC section 16); the same round on several proxies: from the first start to the last end.
+#:; the same round on several proxies: from the first start to the last end.
 ROUND_ANNOTATIONS = (_round_marks("start", "min", "rgba(0, 160, 80, 0.8)"),
                      _round_marks("end", "max", "rgba(120, 120, 120, 0.6)"))
 
@@ -189,7 +187,7 @@ COMPARISON = Board(
                           "client_abort): failures count against it. Exact counts in the time range."),
         Panel("failures_by_reason", "Failures by reason", "short", kind="stat", width=6, height=4,
               queries=_q(f"{_count(_FAILED, f'by ({E}, reason)')} > 0", f"{LEGEND} {{{{reason}}}}"),
-              description="Failed requests in the time range by the first failing check (SPEC section 4)."),
+              description="Failed requests in the time range by the first failing check."),
         Panel("empty_text", "Empty-text HTTP 200 responses", "short", kind="stat", width=6, height=4,
               queries=_q(_count(_EMPTY)),
               description="HTTP 200 streams with [DONE] and no visible text: counted as failures here, "

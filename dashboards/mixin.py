@@ -29,6 +29,9 @@ class MixinConfig:
     goodput_ratio_min: float = 0.9
     #: LLMBenchProxyLagging fires when the proxy's event-loop lag P99 is above this for 5 minutes
     proxy_lag_max_s: float = 0.001
+    #: the SLO every board, rule and round table draws, and the proxy's default ``slo`` (the seed's)
+    slo_ttft_s: float = 3.0
+    slo_tpot_s: float = 0.050
 
     @property
     def job_selector(self) -> str:

@@ -47,7 +47,7 @@ def _slo_breach(short: str, what: str, panel: Panel, threshold: float, slo: str)
 
 
 def slo_alert_rules() -> list[dict[str, Any]]:
-    """Goodput under the SLO (SPEC section 11) and the proxy's own timing error (SPEC section 10)."""
+    """Goodput under the SLO and the proxy's own timing error."""
     ratio, lag = MIXIN.goodput_ratio_min, MIXIN.proxy_lag_max_s
     return [
         _alert(

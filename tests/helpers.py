@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from dashboards.evidence.promapi import Prometheus
+from exporter.evidence.promapi import Prometheus
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.sim import FAULTS
 from exporter.harness.stack import LocalStack

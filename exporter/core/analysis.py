@@ -2,7 +2,7 @@
 
 Pure code, no sockets and no clock of its own: callers pass arrival times (monotonic
 seconds).  The proxy, the load driver and ``evidence decode`` all use this module, so the
-project has exactly one definition of TTFT, TPOT, E2E and success (SPEC sections 3 and 4).
+project has exactly one definition of TTFT, TPOT, E2E and success.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = [
     "loads",
 ]
 
-#: Failure reasons in order of precedence (SPEC section 4): the first that applies wins.
+#: Failure reasons in order of precedence: the first that applies wins.
 REASONS: tuple[str, ...] = (
     "client_abort",
     "proxy_error",  # a fault of the proxy itself: never blamed on the engine
@@ -52,9 +52,9 @@ DEFAULT_MAX_BYTES = 16 << 20
 class Result:
     """Everything measured about one request; ``outcome`` is success, failure or client_abort.
 
-    Times are seconds from t0.  ``ttft_s``: first event with visible text (SPEC 3).  ``ttfb_s``:
+    Times are seconds from t0.  ``ttft_s``: first event with visible text.  ``ttfb_s``:
     first response body byte.  ``ttfe_s``: first SSE data event whose ``choices`` list is
-    non-empty, text or not (what vLLM's bench client calls TTFT; SPEC 12).  A non-streaming
+    non-empty, text or not (what vLLM's bench client calls TTFT).  A non-streaming
     body is one document that arrives whole: its ``ttft_s`` and ``ttfe_s`` are the time it was
     complete (when it has text / choices), its ``ttfb_s`` the first byte as for a stream.
     """

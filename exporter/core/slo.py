@@ -1,4 +1,4 @@
-"""Judging one successful request against an SLO (SPEC section 11): the one definition.
+"""Judging one successful request against an SLO: the one definition.
 
 The proxy's counters, the round tables and the evidence all use :func:`slo_result`.
 A value equal to its threshold meets it; a request with no TPOT (completion_tokens <= 1)

@@ -77,7 +77,7 @@ def _reasons(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 def _slo_figures(records: Sequence[Mapping[str, Any]], ok: Sequence[Mapping[str, Any]],
                  duration_s: float, slo: SloLike) -> dict[str, Any]:
-    """SLO attainment and goodput (SPEC section 11): met / judged, judged = all but client_abort."""
+    """SLO attainment and goodput: met / judged, judged = all but client_abort."""
     total = len(records)
     results = [slo_result(r.get("ttft_s"), r.get("tpot_s"), slo.ttft_s, slo.tpot_s) for r in ok]
     ttft_met = sum(1 for x in results if x in ("met", "tpot_missed"))
@@ -99,7 +99,7 @@ def _slo_figures(records: Sequence[Mapping[str, Any]], ok: Sequence[Mapping[str,
 
 def round_row(records: Sequence[Mapping[str, Any]], duration_s: float | None = None, *,
               slo: SloLike) -> dict[str, Any]:
-    """One round's table row from its request records (SPEC sections 7 and 11).
+    """One round's table row from its request records.
 
     Throughput is success output tokens over the round's duration; failed requests stay
     in the denominator of the success rate and in the duration.  SLO attainment counts a
@@ -170,7 +170,7 @@ def _bootstrap(rows: Sequence[Mapping[str, Any]], rounds_records: Sequence[Seque
 def median_of_rounds(rows: Sequence[Mapping[str, Any]],
                      rounds_records: Sequence[Sequence[Mapping[str, Any]]] | None = None, *,
                      slo: SloLike | None = None) -> dict[str, Any]:
-    """Median of each figure over rounds; request and success counts add up (SPEC section 7).
+    """Median of each figure over rounds; request and success counts add up.
 
     Beside the medians: ``spread`` {key: [min, max] over rounds} and ``ci95`` {key: [lo, hi]
     or None}; the interval needs ``rounds_records`` (each row's records, in order), ``slo``

@@ -1,4 +1,4 @@
-"""Usage for clients that do not ask for it (SPEC section 13).
+"""Usage for clients that do not ask for it.
 
 :func:`inject_usage` adds ``stream_options.include_usage = true`` to a streaming request that
 lacks it, without re-serializing the body; :class:`UsageEventFilter` then leaves the

@@ -1,4 +1,4 @@
-"""What one parsed document says: visible text, usage, an error (SPEC sections 3 and 4).
+"""What one parsed document says: visible text, usage, an error.
 
 Every function here looks a fixed number of levels into the document and never recurses into
 what the upstream sent, so any parsed JSON (however nested) gives an answer in bounded time

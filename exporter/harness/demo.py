@@ -70,10 +70,10 @@ def _write_dashboards(out: Path) -> Path | None:
 def _evidence(prom_url: str, window: str, out: Path) -> Path | None:
     """The evidence tool on the demo's own window, while Prometheus still runs."""
     try:
-        from dashboards.evidence.export import ExportError, export
-        from dashboards.evidence.promapi import Prometheus, PromError
-        from dashboards.evidence.summarize import load_records, summarize, write_summary
-        from dashboards.evidence.windows import parse_window
+        from exporter.evidence.export import ExportError, export
+        from exporter.evidence.promapi import Prometheus, PromError
+        from exporter.evidence.summarize import load_records, summarize, write_summary
+        from exporter.evidence.windows import parse_window
     except ImportError:
         return None
     prom = Prometheus(prom_url)
@@ -89,11 +89,11 @@ def _evidence(prom_url: str, window: str, out: Path) -> Path | None:
 def _compare(out: Path) -> Path | None:
     """``evidence compare`` of the two engines, from the proxy's one records directory."""
     try:
-        from dashboards.evidence.compare import CompareError, compare_dirs
-        from dashboards.evidence.merge import MergeError
-        from dashboards.evidence.outdir import OutDirError
+        from exporter.evidence.compare import CompareError, compare_dirs
+        from exporter.evidence.merge import MergeError
+        from exporter.evidence.outdir import OutDirError
     except ImportError:
-        _say("compare: skipped (dashboards.evidence.compare is not installed)")
+        _say("compare: skipped (exporter.evidence.compare is not installed)")
         return None
     records = out / "records"
     try:

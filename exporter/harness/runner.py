@@ -2,7 +2,7 @@
 
 A stage stops after K consecutive rounds that contain a failed request
 (``stop_after_failed_rounds``).  A sweep stage runs its levels lowest first and also stops at
-the first level whose goodput ratio (SPEC section 11: requests that met the SLO over judged
+the first level whose goodput ratio (requests that met the SLO over judged
 requests, the median over the level's rounds) is below the sweep's ``goodput_target``.  Its
 result names the highest level that met the SLO, with its goodput, and the failures of the
 level that ended it.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from exporter.core.slo import slo_result
 from exporter.core.stats import SloLike, median_of_rounds, round_row
@@ -21,12 +21,19 @@ from exporter.proxy.config import DEFAULT_SLO
 
 from .plan import Cell, Plan, Stage
 
-if TYPE_CHECKING:
-    from .load import Driver
-
 __all__ = ["run_plan", "first_error", "slo_breakdown"]
 
 Record = dict[str, Any]
+
+
+class Driver(Protocol):
+    """What running a plan needs of a load driver (:class:`exporter.harness.load.Driver` is one)."""
+
+    label: str
+
+    async def announce(self, scenario: str | None, round_: int) -> None: ...
+
+    async def run_round(self, cell: Cell, scenario: str, round_: int, n: int) -> tuple[list[Record], float]: ...
 
 
 def first_error(records: Sequence[Mapping[str, Any]]) -> str | None:

@@ -33,46 +33,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .cliutil import HelpFormatter, UserError, bind_listen, fail, finite_float
-from .sim_engine import FAULTS, SimEngine
+from .sim_engine import FAULTS, PROFILES, SimEngine, SimParams
 from .sim_wire import DONE, Wire
 
 __all__ = ["SimParams", "PROFILES", "FAULTS", "create_sim_app", "add_parser", "count_prompt_tokens"]
-
-@dataclass(frozen=True)
-class SimParams:
-    profile: str = "vllm"
-    model: str = "sim-model"
-    max_running: int = 32
-    prefill_base_s: float = 0.01
-    prefill_per_token_s: float = 2.0e-5
-    decode_base_s: float = 0.008
-    decode_per_running_s: float = 0.00025
-    kv_capacity_tokens: int = 400_000
-    speed: float = 1.0
-    slow_first_byte_s: float = 2.0
-    seed: int = 0
-    fault_empty_text: float = 0.0
-    fault_disconnect: float = 0.0
-    fault_sse_error: float = 0.0
-    fault_missing_usage: float = 0.0
-    fault_missing_done: float = 0.0
-    fault_http_500: float = 0.0
-    fault_http_503: float = 0.0
-    fault_slow_first_byte: float = 0.0
-
-    def rate(self, fault: str) -> float:
-        return float(getattr(self, f"fault_{fault}"))
-
-
-#: Profile defaults shaped like the seed: vLLM decodes faster than SGLang; both queue
-#: long prefills.  Times are real seconds at speed 1.
-PROFILES: dict[str, SimParams] = {
-    "vllm": SimParams(profile="vllm", decode_base_s=0.008, decode_per_running_s=0.00025,
-                      prefill_per_token_s=1.6e-5),
-    "sglang": SimParams(profile="sglang", model="default", decode_base_s=0.010,
-                        decode_per_running_s=0.0004, prefill_per_token_s=2.2e-5),
-}
-
 
 def count_prompt_tokens(body: dict[str, Any]) -> int:
     """The documented token count: whitespace-separated words of the prompt or messages."""

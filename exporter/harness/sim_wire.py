@@ -1,5 +1,5 @@
 """The simulated engines' wire format: chunks, usage and errors in vLLM's or SGLang's
-spelling (SPEC section 8)."""
+spelling."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _now() -> int:
 
 
 class Wire:
-    """Chunks in one engine's spelling (SPEC section 8)."""
+    """Chunks in one engine's spelling."""
 
     def __init__(self, profile: str, model: str, chat: bool) -> None:
         self.vllm = profile == "vllm"

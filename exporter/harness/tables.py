@@ -1,9 +1,9 @@
 """Round tables: ``rounds.csv`` and ``summary.json`` on disk, and the text table printed by
 ``load`` and ``demo``.
 
-Each figure is the median over rounds (SPEC section 7) with, beside it, the rounds' spread
+Each figure is the median over rounds with, beside it, the rounds' spread
 ``[min-max]``; a bootstrap 95 % interval of the median follows on its own line when the
-rounds had enough requests.  Goodput is SPEC section 11's: requests that met the SLO over
+rounds had enough requests.  Goodput is the SLO's: requests that met the SLO over
 judged requests (failures count against it), and the output tokens of those requests per
 second.
 """

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from dashboards.mixin import CONFIG as MIXIN
 from pydantic import (
     AnyHttpUrl,
     BaseModel,
@@ -53,7 +54,7 @@ class _Model(BaseModel):
 class Engine(_Model):
     name: Annotated[str, Field(pattern=_NAME, max_length=64)]
     upstream: AnyHttpUrl
-    #: SPEC section 13: ``inject`` adds ``stream_options.include_usage`` upstream for clients
+    #: ``inject`` adds ``stream_options.include_usage`` upstream for clients
     #: that do not ask for usage, and leaves the usage-only event out of their stream.
     usage: Literal["require", "inject"] = "require"
 
@@ -79,20 +80,21 @@ class Timeouts(_Model):
 
 
 class Slo(_Model):
-    """Service-level objective of one request (SPEC section 11); the seed's SLO is the default.
+    """Service-level objective of one request; the seed's SLO is the default.
 
-    The single source of these thresholds: boards, rules and round tables read the defaults."""
+    The defaults come from the boards' mixin (:mod:`dashboards.mixin`), so the boards, the rules
+    and the proxy draw one line."""
 
-    ttft_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3.0
-    tpot_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.050
+    ttft_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = MIXIN.slo_ttft_s
+    tpot_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = MIXIN.slo_tpot_s
 
 
-#: The default SLO (SPEC section 11), for code that has no config at hand.
+#: The default SLO, for code that has no config at hand.
 DEFAULT_SLO = Slo()
 
 
 class Otlp(_Model):
-    """OTLP/HTTP export of the GenAI semantic-convention metrics (SPEC section 17, extra ``otel``)."""
+    """OTLP/HTTP export of the GenAI semantic-convention metrics (extra ``otel``)."""
 
     endpoint: AnyHttpUrl  # base URL; metrics go to {endpoint}/v1/metrics
     interval_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0

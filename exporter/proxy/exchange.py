@@ -24,7 +24,7 @@ from exporter.core.analysis import RequestSpec, Result, StreamAnalyzer
 from exporter.core.content import is_event_stream
 
 from .config import Engine
-from .finish import finish_with_capture, judge, write_record
+from .finish import Measurement
 from .hop import ClientGone, Splice
 from .records import Capture
 from .scenarios import MAX_ROUND
@@ -44,7 +44,7 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _ROUND = re.compile(r"[0-9]{1,7}")  # ASCII digits only: "²" passes str.isdigit() but not int()
 _ANALYZER_OPTS = frozenset(inspect.signature(StreamAnalyzer).parameters)
 
-try:  # SPEC section 13, exporter/core/usage.py
+try:  # usage: inject, exporter/core/usage.py
     from exporter.core.usage import UsageEventFilter, inject_usage
 except ImportError:  # pragma: no cover - until the core has it
     UsageEventFilter = None  # type: ignore[assignment,misc]
@@ -87,11 +87,13 @@ class Exchange:
         self.t0 = 0.0
         self.wall = 0.0
         self.done_t: float | None = None  # arrival of the read that completed data: [DONE]
+        self.splice: Splice | None = None
         self.lag_mark = state.loop_lag.mark()
 
     async def run(self) -> web.StreamResponse:
         state = self.state
         meta = self._meta()
+        state.metrics.arrivals.labels(self.engine.name, meta["scenario"]).inc()
         gauge = state.metrics.in_flight.labels(self.engine.name)
         gauge.inc()
         state.in_flight += 1
@@ -117,12 +119,34 @@ class Exchange:
 
     def _finish(self, meta: dict[str, Any], error: str | None, detail: str | None
                 ) -> tuple[Result, asyncio.Task[None] | None]:
-        """Judge and record now; with a capture to write, the record follows it (a task)."""
-        result, record, capture = judge(self, meta, error, detail)
-        if capture is None:
-            write_record(self, record)
-            return result, None
-        return result, self.state.spawn(finish_with_capture(self, record, capture))
+        """Hand the measurement over; with a capture to write, the record follows it (a task)."""
+        m = self._measure(meta, error, detail)
+        return m.result, self.state.finisher.finish(m)
+
+    def _measure(self, meta: dict[str, Any], error: str | None, detail: str | None) -> Measurement:
+        """The core's verdict on what came back, with this request's identity and timings."""
+        now = time.monotonic()
+        analyzer = self.analyzer
+        if analyzer is None:  # no response at all: judge an empty one
+            analyzer = StreamAnalyzer(self.t0, None, self.spec, streaming=False)
+        result = analyzer.finish(self.end_t if self.end_t is not None else now, error, detail)
+        kept = self.capture if self.analyzer is not None else None
+        return Measurement(
+            id=self.id, run_id=self.state.worker.run_id, labels=meta, result=result, start_unix=self.wall,
+            usage_injected=self.usage_injected,
+            timing_uncertainty_s=self.state.loop_lag.max_since(self.lag_mark),
+            client_backpressure_s=self.splice.backpressure_s(now) if self.splice is not None else 0.0,
+            capture=kept,
+            capture_meta={} if kept is None else {
+                "status": result.status,
+                "streaming": analyzer.streaming,
+                "expected_tokens": result.expected_tokens,
+                "transport_error": error,
+                "end_offset": round(now - self.t0, 6),
+                "verdict": {"outcome": result.outcome, "reason": result.reason},
+                "record": {k: meta[k] for k in ("engine", "scenario", "round", "route")},
+            },
+        )
 
     def _meta(self) -> dict[str, Any]:
         """The request's labels from its headers; anything unparseable counts as absent."""
@@ -152,8 +176,8 @@ class Exchange:
         try:
             body = await self.request.read()
             self._inspect(body, meta)
-            # SPEC section 3: t0 = request read, about to be sent; start_unix + ttft_s is then
-            # the wall-clock time of the first text (the ground truth of SPEC section 10)
+            # t0 = request read, about to be sent; start_unix + ttft_s is then
+            # the wall-clock time of the first text (the timing error's ground truth, docs/timing.md)
             self.wall, self.t0 = time.time(), time.monotonic()
             await self._stream(self._inject(body))
         except ClientGone:
@@ -180,7 +204,7 @@ class Exchange:
             self.capture = Capture(self.state.config.max_capture_bytes)
 
     def _inject(self, body: bytes) -> bytes:
-        """SPEC section 13: ask for usage upstream for a client that did not."""
+        """ask for usage upstream for a client that did not."""
         if self.engine.usage != "inject" or inject_usage is None or not self.spec.stream:
             return body
         changed = inject_usage(body, self.spec)
@@ -191,7 +215,7 @@ class Exchange:
         return bytes(changed)
 
     def _hangup_reason(self) -> tuple[str | None, str | None]:
-        """SPEC section 4: a client that hangs up after it was sent [DONE] has the whole
+        """a client that hangs up after it was sent [DONE] has the whole
         response: the request is judged on the stream."""
         if self.analyzer is not None and self.analyzer.done:
             self.end_t = self.done_t
@@ -243,7 +267,8 @@ class Exchange:
                 assert resp is not None
                 filt = self.usage_filter if upstream.status == 200 and streaming else None
                 self.usage_filter = filt
-                splice = Splice(transport, writer.chunked, self._on_read, filt.feed if filt is not None else None)
+                self.splice = splice = Splice(transport, writer.chunked, self._on_read,
+                                              filt.feed if filt is not None else None)
                 content = upstream.content
                 assert isinstance(content, StreamReader)
                 conn = upstream.connection

@@ -1,81 +1,137 @@
-"""The end of one measured request: verdict, metrics, record, observers; the capture (when
-kept) is hashed and written in a thread first, so that the record can name its SHA-256."""
+"""The end of one measured request, in one place and in one order: the capture (when kept),
+then the record, then the metrics, then the observers.
+
+The exchange hands over a frozen :class:`Measurement` (the core's result plus the request's
+identity and timings) and knows nothing of what happens to it; the :class:`Finisher` knows
+nothing of the exchange.  A capture is hashed and written in a thread, never on the loop, so
+that the record can name its SHA-256; without one everything happens in the caller's callback.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
-from exporter.core.analysis import Result, StreamAnalyzer
+from exporter.core.analysis import Result
+from exporter.core.slo import slo_result
 from exporter.core.timefmt import iso
 
-from .records import write_capture
+from .config import Config
+from .metrics import ProxyMetrics
+from .records import Capture, JsonlWriter, write_capture
 
-if TYPE_CHECKING:
-    from .exchange import Exchange
-
-__all__ = ["judge", "write_record", "finish_with_capture"]
+__all__ = ["Measurement", "Finisher", "Observer", "CLIENT_BOUND_SHARE"]
 
 log = logging.getLogger("llmbench.proxy")
 
-
-def judge(ex: Exchange, meta: dict[str, Any], error: str | None, detail: str | None
-          ) -> tuple[Result, dict[str, Any], Callable[[], tuple[str, str]] | None]:
-    """Judge and count ``ex``; return its result, its record, and the capture writer (None
-    when no capture is kept).  Synchronous: nothing here waits."""
-    state = ex.state
-    now = time.monotonic()
-    analyzer = ex.analyzer
-    if analyzer is None:  # no response at all: judge an empty one
-        analyzer = StreamAnalyzer(ex.t0, None, ex.spec, streaming=False)
-    result = analyzer.finish(ex.end_t if ex.end_t is not None else now, error, detail)
-    state.metrics.observe(meta["engine"], meta["scenario"], result)
-    record: dict[str, Any] = {
-        **meta,
-        "start": iso(ex.wall, ms=True),
-        "start_unix": round(ex.wall, 6),
-        **result.as_dict(),
-        "usage_injected": ex.usage_injected,
-        "timing_uncertainty_s": round(state.loop_lag.max_since(ex.lag_mark), 6),
-        "capture": None,
-        "capture_sha256": None,
-    }
-    cap = ex.capture
-    if cap is None or ex.analyzer is None or (state.config.capture_raw_sse != "all" and result.ok):
-        return result, record, None
-    return result, record, functools.partial(write_capture, state.captures_dir, ex.id, cap, {
-        "status": result.status,
-        "streaming": ex.analyzer.streaming,
-        "expected_tokens": result.expected_tokens,
-        "transport_error": error,
-        "end_offset": round(now - ex.t0, 6),
-        "verdict": {"outcome": result.outcome, "reason": result.reason},
-        "record": {k: meta[k] for k in ("engine", "scenario", "round", "route")},
-    })
+#: a request is ``client_bound`` when the client held up more than this share of its E2E
+CLIENT_BOUND_SHARE = 0.10
 
 
-def write_record(ex: Exchange, record: dict[str, Any]) -> None:
-    """One line in requests.jsonl, then the observers (OTLP...)."""
-    state = ex.state
-    try:
-        state.requests_log.write(record)
-    except (OSError, ValueError) as exc:
-        log.error("record %s not written: %s", ex.id, exc)
-    for observer in state.observers:
+class Observer(Protocol):
+    """Something else that sees every finished request's record (e.g. the OTLP exporter).
+
+    ``observe`` runs on the event loop once per request: keep it to a few microseconds."""
+
+    def observe(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One finished request as the proxy measured it."""
+
+    id: str
+    run_id: str
+    labels: Mapping[str, Any]  # engine, scenario, round, route, stream, model, client_request_id
+    result: Result
+    start_unix: float  # wall clock at t0
+    usage_injected: bool
+    timing_uncertainty_s: float  # the largest loop lag while it was in flight
+    client_backpressure_s: float  # time the client left upstream bytes untaken
+    capture: Capture | None  # the upstream bytes, when kept
+    capture_meta: Mapping[str, Any]  # what the capture's .json says beside the reads
+
+    @property
+    def engine(self) -> str:
+        return str(self.labels["engine"])
+
+    @property
+    def scenario(self) -> str:
+        return str(self.labels["scenario"])
+
+    @property
+    def client_bound(self) -> bool:
+        e2e = self.result.e2e_s
+        return e2e is not None and e2e > 0 and self.client_backpressure_s > CLIENT_BOUND_SHARE * e2e
+
+    def record(self, slo: Any) -> dict[str, Any]:
+        """The requests.jsonl line (capture fields still empty), judged against ``slo``."""
+        result = self.result
+        verdict = slo_result(result.ttft_s, result.tpot_s, slo.ttft_s, slo.tpot_s) if result.ok else None
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            **{k: v for k, v in self.labels.items() if k != "id"},
+            "start": iso(self.start_unix, ms=True),
+            "start_unix": round(self.start_unix, 6),
+            **result.as_dict(),
+            "usage_injected": self.usage_injected,
+            "timing_uncertainty_s": round(self.timing_uncertainty_s, 6),
+            "client_backpressure_s": round(self.client_backpressure_s, 6),
+            "client_bound": self.client_bound,
+            "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+            "slo_result": verdict,
+            "capture": None,
+            "capture_sha256": None,
+        }
+
+
+class Finisher:
+    """Writes, counts and tells of each finished request; one per proxy process."""
+
+    def __init__(self, config: Config, metrics: ProxyMetrics, requests_log: JsonlWriter, captures_dir: Path,
+                 observers: Sequence[Observer],
+                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.requests_log = requests_log
+        self.captures_dir = captures_dir
+        self.observers = observers
+        self.spawn = spawn
+
+    def finish(self, m: Measurement) -> asyncio.Task[None] | None:
+        """Finish ``m`` now, or, with a capture to write first, in a task (returned)."""
+        record = m.record(self.config.slo_for(m.scenario))
+        keep = m.capture is not None and (self.config.capture_raw_sse == "all" or not m.result.ok)
+        if not keep:
+            self._after_capture(m, record)
+            return None
+        return self.spawn(self._with_capture(m, record))
+
+    async def _with_capture(self, m: Measurement, record: dict[str, Any]) -> None:
+        assert m.capture is not None
         try:
-            observer.observe(record)
-        except Exception:  # an observer's bug must not cost the request
-            log.exception("observer %s failed on %s", type(observer).__name__, ex.id)
+            record["capture"], record["capture_sha256"] = await asyncio.get_running_loop().run_in_executor(
+                None, write_capture, self.captures_dir, m.id, m.capture, dict(m.capture_meta))
+        except OSError as exc:
+            log.error("capture %s not written: %s", m.id, exc)
+        self._after_capture(m, record)
 
-
-async def finish_with_capture(ex: Exchange, record: dict[str, Any], write: Callable[[], tuple[str, str]]) -> None:
-    """Hash and write the capture in a thread (never on the loop), then the record."""
-    try:
-        record["capture"], record["capture_sha256"] = await asyncio.get_running_loop().run_in_executor(None, write)
-    except OSError as exc:
-        log.error("capture %s not written: %s", ex.id, exc)
-    write_record(ex, record)
+    def _after_capture(self, m: Measurement, record: dict[str, Any]) -> None:
+        try:
+            self.requests_log.write(record)
+        except (OSError, ValueError) as exc:
+            log.error("record %s not written: %s", m.id, exc)
+        self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
+                                     m.timing_uncertainty_s, m.client_backpressure_s)
+        for observer in self.observers:
+            try:
+                observer.observe(record)
+            except Exception:  # an observer's bug must not cost the request
+                log.exception("observer %s failed on %s", type(observer).__name__, m.id)

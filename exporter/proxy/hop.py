@@ -24,6 +24,8 @@ __all__ = ["Splice", "ClientGone", "ProxyFault", "HIGH_WATER"]
 
 #: client write buffer (bytes) above which the upstream is paused until the client drains
 HIGH_WATER = 256 << 10
+#: how often a back-pressure episode looks whether the client has caught up (seconds)
+BACKPRESSURE_POLL_S = 0.005
 
 _SINKS: dict[int, Splice] = {}
 
@@ -92,6 +94,42 @@ class Splice:
         self._waiter: asyncio.Future[None] | None = None
         self._upstream: Any = None  # the upstream connection's protocol (pause/resume reading)
         self._timer: asyncio.TimerHandle | None = None
+        # client back-pressure: upstream bytes waiting in the client transport's write buffer
+        # above its low-water mark (the client's socket is full); one timestamp pair per episode
+        try:
+            self._low_water = int(client.get_write_buffer_limits()[0])
+        except (AttributeError, NotImplementedError):  # pragma: no cover - a transport without limits
+            self._low_water = 0
+        self._bp_since: float | None = None
+        self._bp_total = 0.0
+        self._bp_timer: asyncio.TimerHandle | None = None
+
+    def backpressure_s(self, now: float) -> float:
+        """Seconds so far during which the client had not taken bytes it was sent."""
+        since = self._bp_since
+        return self._bp_total + (now - since if since is not None else 0.0)
+
+    def _watch_backpressure(self, now: float) -> None:
+        if self._bp_since is None and self.client.get_write_buffer_size() > self._low_water:
+            self._bp_since = now
+            self._bp_timer = asyncio.get_running_loop().call_later(BACKPRESSURE_POLL_S, self._poll_backpressure)
+
+    def _poll_backpressure(self) -> None:
+        self._bp_timer = None
+        if self._bp_since is None:
+            return
+        if self.ended or self.client.is_closing() or self.client.get_write_buffer_size() <= self._low_water:
+            self._end_backpressure(time.monotonic())
+        else:
+            self._bp_timer = asyncio.get_running_loop().call_later(BACKPRESSURE_POLL_S, self._poll_backpressure)
+
+    def _end_backpressure(self, now: float) -> None:
+        if self._bp_since is not None:
+            self._bp_total += now - self._bp_since
+            self._bp_since = None
+        if self._bp_timer is not None:
+            self._bp_timer.cancel()
+            self._bp_timer = None
 
     # -- called from the upstream protocol's data_received ----------------------------------
 
@@ -112,6 +150,8 @@ class Splice:
             fault.__cause__ = exc
             self.end(fault)
             return
+        if self._bp_since is None:
+            self._watch_backpressure(now)
         if self.client.get_write_buffer_size() > HIGH_WATER and not self.paused:
             self.paused = True
             if self._upstream is not None:
@@ -188,6 +228,7 @@ class Splice:
             self.ended = True
             if self._timer is not None:
                 self._timer.cancel()
+            self._end_backpressure(time.monotonic())
         if self.error is not None:
             raise self.error
 

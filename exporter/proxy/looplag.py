@@ -1,4 +1,4 @@
-"""The event loop's own lateness, measured all the time the proxy runs (SPEC section 10).
+"""The event loop's own lateness, measured all the time the proxy runs.
 
 A timestamp taken on the loop is late by however long the loop was busy (or blocked)
 before it got to the socket that became readable.  The probe measures exactly that: a
@@ -34,7 +34,7 @@ log = logging.getLogger("llmbench.proxy")
 
 PERIOD_S = 0.002  # 500 probes a second: ~0.3 % of one core
 EPOCH_S = 0.1
-#: 50 µs .. 1 s (SPEC section 10); 1 ms, the alert's threshold, is a bound.
+#: 50 µs .. 1 s; 1 ms, the alert's threshold, is a bound.
 LAG_BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
     0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

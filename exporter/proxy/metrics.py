@@ -1,4 +1,4 @@
-"""The proxy's Prometheus metrics (SPEC section 5), held in a registry of their own.
+"""The proxy's Prometheus metrics, held in a registry of their own.
 
 Bucket bounds (seconds) are explicit so that reports can quote them:
 
@@ -27,12 +27,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from exporter.core.analysis import REASONS, Result
-from exporter.core.slo import SLO_RESULTS, slo_result
+from exporter.core.slo import SLO_RESULTS
 
 from .config import Config
 from .looplag import LAG_BUCKETS
 
-__all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "ProxyMetrics", "LocalGauge"]
+__all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "BACKPRESSURE_BUCKETS", "ProxyMetrics", "LocalGauge"]
 
 TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075,
@@ -47,6 +47,8 @@ TPOT_BUCKETS: tuple[float, ...] = (
     0.07, 0.08, 0.09, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0,
 )
 E2E_BUCKETS: tuple[float, ...] = TTFT_BUCKETS + (720.0, 900.0, 1200.0, 1800.0, 2400.0, 3600.0)
+#: client back-pressure: 0 (the usual case) up to the longest E2E
+BACKPRESSURE_BUCKETS: tuple[float, ...] = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 600.0, 3600.0)
 
 _LABELS = ("engine", "scenario")
 
@@ -141,24 +143,41 @@ class ProxyMetrics:
         self._second_wave(registry, worker)
 
     def _second_wave(self, registry: CollectorRegistry, worker: str | None) -> None:
-        """SLO counters (SPEC section 11) and the loop-lag histogram (section 10)."""
+        """SLO counters and the loop-lag histogram (section 10)."""
         counter = functools.partial(Counter, registry=registry)
-        self.slo = counter("llmbench_slo_requests", "Successful requests judged against the SLO (SPEC section 11).",
+        self.slo = counter("llmbench_slo_requests", "Successful requests judged against the SLO.",
                            (*_LABELS, "result"))
         self.goodput_tokens = counter("llmbench_goodput_tokens",
                                       "Completion tokens of successful requests that met the SLO.", _LABELS)
         lag = Histogram(
             "llmbench_proxy_event_loop_lag_seconds",
-            "How late the proxy's event loop ran a ready socket callback (SPEC section 10).",
+            "How late the proxy's event loop ran a ready socket callback.",
             ("worker",) if worker is not None else (), buckets=LAG_BUCKETS, registry=registry,
         )
         self.loop_lag = lag.labels(worker) if worker is not None else lag
+        self._third_wave(registry)
+
+    def _third_wave(self, registry: CollectorRegistry) -> None:
+        """The proxy's error as the requests felt it; arrivals and client back-pressure."""
+        self.request_uncertainty = Histogram(
+            "llmbench_request_timing_uncertainty_seconds",
+            "Each finished request's timing_uncertainty_s: the largest loop lag while it was in flight.",
+            ("engine",), buckets=LAG_BUCKETS, registry=registry,
+        )
+        self.backpressure = Histogram(
+            "llmbench_client_backpressure_seconds",
+            "Time each request's upstream bytes waited for the client to take them (client's socket full).",
+            _LABELS, buckets=BACKPRESSURE_BUCKETS, registry=registry,
+        )
+        self.arrivals = Counter("llmbench_arrivals", "Requests as they arrive at a measured route.", _LABELS,
+                                registry=registry)
 
     def initialise(self, engine: str, scenarios: list[str], timed: frozenset[str] = frozenset()) -> None:
         """Create every counter and histogram series an engine can have at zero, so that
         increase(), rate() and windowed deltas also count the first event of a series (a
         lazily created series starts at its first value and loses it)."""
         self.in_flight.labels(engine).set(0)
+        self.request_uncertainty.labels(engine)
         for scenario in scenarios:
             self.requests.labels(engine, scenario, "success", "none")
             self.requests.labels(engine, scenario, "client_abort", "client_abort")
@@ -171,12 +190,16 @@ class ProxyMetrics:
             for result in SLO_RESULTS:
                 self.slo.labels(engine, scenario, result)
             self.goodput_tokens.labels(engine, scenario)
+            self.arrivals.labels(engine, scenario)
+            self.backpressure.labels(engine, scenario)
             if scenario in timed:  # histograms are ~180 series each: only where asked
                 for histogram in (self.ttft, self.tpot, self.e2e):
                     histogram.labels(engine, scenario)
 
-    def observe(self, engine: str, scenario: str, result: Result) -> None:
-        """Count one finished request; time it only when it succeeded."""
+    def observe_request(self, engine: str, scenario: str, result: Result, slo_verdict: str | None,
+                        uncertainty_s: float, backpressure_s: float) -> None:
+        """Count one finished request; time it only when it succeeded; ``slo_verdict`` is its
+        SLO result (None unless it succeeded)."""
         self.requests.labels(engine, scenario, result.outcome, result.reason or "none").inc()
         if result.completion_tokens is not None:
             self.output_tokens.labels(engine, scenario, result.outcome).inc(result.completion_tokens)
@@ -184,18 +207,17 @@ class ProxyMetrics:
             self.prompt_tokens.labels(engine, scenario).inc(result.prompt_tokens)
         if result.empty_text_200:
             self.empty_text.labels(engine, scenario).inc()
-        if result.ok:
-            if result.ttft_s is not None:
-                self.ttft.labels(engine, scenario).observe(result.ttft_s)
-            if result.tpot_s is not None:
-                self.tpot.labels(engine, scenario).observe(result.tpot_s)
-            if result.e2e_s is not None:
-                self.e2e.labels(engine, scenario).observe(result.e2e_s)
-            self._judge_slo(engine, scenario, result)
-
-    def _judge_slo(self, engine: str, scenario: str, result: Result) -> None:
-        slo = self.config.slo_for(scenario)
-        verdict = slo_result(result.ttft_s, result.tpot_s, slo.ttft_s, slo.tpot_s)
-        self.slo.labels(engine, scenario, verdict).inc()
-        if verdict == "met" and result.completion_tokens:
-            self.goodput_tokens.labels(engine, scenario).inc(result.completion_tokens)
+        self.request_uncertainty.labels(engine).observe(uncertainty_s)
+        self.backpressure.labels(engine, scenario).observe(backpressure_s)
+        if not result.ok:
+            return
+        if result.ttft_s is not None:
+            self.ttft.labels(engine, scenario).observe(result.ttft_s)
+        if result.tpot_s is not None:
+            self.tpot.labels(engine, scenario).observe(result.tpot_s)
+        if result.e2e_s is not None:
+            self.e2e.labels(engine, scenario).observe(result.e2e_s)
+        if slo_verdict is not None:
+            self.slo.labels(engine, scenario, slo_verdict).inc()
+            if slo_verdict == "met" and result.completion_tokens:
+                self.goodput_tokens.labels(engine, scenario).inc(result.completion_tokens)

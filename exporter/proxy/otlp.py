@@ -1,4 +1,4 @@
-"""OTLP/HTTP export of the OpenTelemetry GenAI semantic-convention metrics (SPEC section 17).
+"""OTLP/HTTP export of the OpenTelemetry GenAI semantic-convention metrics.
 
 Imported only when the config has ``otlp:`` (extra ``otel``: opentelemetry-sdk and
 opentelemetry-exporter-otlp-proto-http).  Four histograms, recorded from each finished

@@ -1,4 +1,4 @@
-"""Per-request records and raw SSE captures on disk (SPEC section 6).
+"""Per-request records and raw SSE captures on disk.
 
 * ``requests.jsonl``: one line per finished request.  Each line goes to the file in one
   ``write(2)`` on an ``O_APPEND`` descriptor, so a crash of this process (even SIGKILL)

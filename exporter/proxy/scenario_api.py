@@ -1,4 +1,4 @@
-"""``POST /-/scenario``: set or clear the active scenario round (SPEC section 2).
+"""``POST /-/scenario``: set or clear the active scenario round.
 
 ``{"scenario": null}`` or ``{"scenario": "none"}`` clears; a name longer than
 :data:`~exporter.proxy.scenarios.MAX_NAME` characters is refused (400) and never echoed or logged.

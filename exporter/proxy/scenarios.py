@@ -1,6 +1,6 @@
 """The scenario label: bounded to the configured names, with the active round per engine.
 
-Each round also leaves two gauges (SPEC section 16), so that a round shorter than a scrape
+Each round also leaves two gauges, so that a round shorter than a scrape
 interval can still be found from Prometheus alone:
 
 * ``llmbench_scenario_round_start_timestamp_seconds{engine, scenario, round}``: unix time it was set;
@@ -15,6 +15,7 @@ old rounds stay until restart.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -37,6 +38,8 @@ MAX_ROUNDS = 256
 CLEAR = frozenset({"none"})
 
 _ROUND_LABELS = ("engine", "scenario", "round")
+
+log = logging.getLogger("llmbench.proxy")
 
 
 def _multiprocess() -> bool:
@@ -108,8 +111,12 @@ class ScenarioBoard:
     at most one label value; no scenario is ``none``.
     """
 
-    def __init__(self, names: list[str], engines: list[str], metrics: ProxyMetrics, log: JsonlWriter) -> None:
+    def __init__(self, names: list[str], engines: list[str], metrics: ProxyMetrics, log: JsonlWriter,
+                 run_id: str = "") -> None:
         self._names = frozenset(names)
+        self.names = tuple(names)
+        self.run_id = run_id
+        self._unknown_logged: set[str] = set()
         self._engines = list(engines)
         self._active: dict[str, Active] = {}
         self._metrics = metrics
@@ -119,7 +126,18 @@ class ScenarioBoard:
     def label(self, name: str | None) -> str:
         if name is None:
             return "none"
-        return name if name in self._names else "other"
+        if name in self._names:
+            return name
+        self._note_unknown(name)
+        return "other"
+
+    def _note_unknown(self, name: str) -> None:
+        """Say once per name (the first 1000 names) that it is recorded as ``other``."""
+        if name in self._unknown_logged or len(self._unknown_logged) >= 1000:
+            return
+        self._unknown_logged.add(name)
+        log.warning("scenario %r is not in the config's scenarios: its requests are recorded as 'other' "
+                    "(add it to scenarios: in the config)", name[:MAX_NAME])
 
     def active(self, engine: str) -> Active | None:
         return self._active.get(engine)
@@ -151,6 +169,7 @@ class ScenarioBoard:
                 self._metrics.scenario_info.labels(e, label, str(round_)).set(1)
                 self.rounds.started(e, act, now)
         self._log.write({
+            "run_id": self.run_id,
             "time": iso(now, ms=True),
             "unix": round(now, 3),
             "engines": engines,

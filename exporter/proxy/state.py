@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,37 +15,33 @@ from prometheus_client import CollectorRegistry
 from yarl import URL
 
 from .config import Config
+from .finish import Finisher, Observer
 from .looplag import LoopLag
 from .metrics import ProxyMetrics
 from .records import JsonlWriter
 from .scenarios import ScenarioBoard
 
-__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker"]
+__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker", "new_run_id"]
 
 MEASURED = {"completions": "v1/completions", "chat": "v1/chat/completions"}
 
 T = TypeVar("T")
 
 
-class Observer:
-    """Something else that sees every finished request (e.g. the OTLP exporter).
-
-    ``observe`` runs on the event loop once per request: keep it to a few microseconds."""
-
-    def observe(self, record: dict[str, Any]) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
+def new_run_id() -> str:
+    """A run's id: its UTC start time (sortable) and a short random suffix (unique)."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
 class Worker:
     """This process's place among ``serve --workers N``: its label (None when it is the only
     one), whether metric values go to prometheus_client's multiprocess files, where the
-    supervisor renders /metrics, and the shared scenario state."""
+    supervisor renders /metrics, the shared scenario state, and the run this ``serve`` start is
+    (one ``run_id`` for all its workers)."""
 
     def __init__(self, label: str | None = None, metrics_socket: Path | None = None,
-                 shared_scenarios: Any = None) -> None:
+                 shared_scenarios: Any = None, run_id: str | None = None) -> None:
+        self.run_id = run_id or new_run_id()
         self.label = label
         self.metrics_socket = metrics_socket
         self.shared_scenarios = shared_scenarios
@@ -67,7 +65,7 @@ class ProxyState:
         self.scenario_log = JsonlWriter(records / "scenarios.jsonl")
         self.captures_dir = records / "captures"
         self.scenarios: Any = ScenarioBoard(
-            config.scenarios, [e.name for e in config.engines], self.metrics, self.scenario_log
+            config.scenarios, [e.name for e in config.engines], self.metrics, self.scenario_log, worker.run_id
         )
         if worker.shared_scenarios is not None:  # all workers see one scenario state
             self.scenarios = worker.shared_scenarios.wrap(self.scenarios)
@@ -76,6 +74,8 @@ class ProxyState:
         self.urls = {(e.name, p): URL(f"{e.base_url}/{p}") for e in config.engines for p in MEASURED.values()}
         self.in_flight = 0  # all engines together; the simulated GPUs follow it
         self.observers: list[Observer] = []  # filled at start-up (app.create_app)
+        self.finisher = Finisher(config, self.metrics, self.requests_log, self.captures_dir, self.observers,
+                                 self.spawn)
         self.loop_lag = LoopLag(self.metrics.loop_lag.observe)
         self.stopping = False  # set at shutdown: cancellation then is ours, not the client's
         self.shutdown_grace_s = 5.0  # requests in flight at shutdown get this long to finish

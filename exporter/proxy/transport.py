@@ -1,4 +1,4 @@
-"""What an aiohttp client exception means for the verdict (SPEC section 4).
+"""What an aiohttp client exception means for the verdict.
 
 Shared by the proxy and the load driver, so both name the same failure the same way.
 """

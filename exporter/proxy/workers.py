@@ -1,4 +1,4 @@
-"""``serve``: a supervisor and N worker processes that share the listen socket (SPEC section 14).
+"""``serve``: a supervisor and N worker processes that share the listen socket.
 
 * The supervisor binds the listen socket (a busy port is one clear line, before anything
   starts), then forks N workers that accept on it.  Each worker is the whole measuring proxy

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from dashboards.evidence.promapi import Prometheus
+from exporter.evidence.promapi import Prometheus
 from tests.helpers import require_prometheus
 
 

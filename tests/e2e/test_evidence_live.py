@@ -13,13 +13,13 @@ import matplotlib.image as mpimg
 import pytest
 
 from dashboards.catalogue import BOARDS, PANELS, expand
-from dashboards.evidence.cli import main as evidence_main
-from dashboards.evidence.export import GRAFANA_TOKEN_ENV, verify_manifest
-from dashboards.evidence.merge import load_records
-from dashboards.evidence.promapi import Prometheus
-from dashboards.evidence.render import png_size
-from dashboards.evidence.summarize import summarize
-from dashboards.evidence.windows import WindowError, parse_window
+from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.export import GRAFANA_TOKEN_ENV, verify_manifest
+from exporter.evidence.merge import load_records
+from exporter.evidence.promapi import Prometheus
+from exporter.evidence.render import png_size
+from exporter.evidence.summarize import summarize
+from exporter.evidence.windows import WindowError, parse_window
 
 
 def _window(stack: Any) -> str:

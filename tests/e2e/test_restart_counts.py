@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from dashboards.catalogue import MIXIN, PANELS, exact_count, expand
-from dashboards.evidence.promapi import Prometheus
+from exporter.evidence.promapi import Prometheus
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.stack import (ENGINES, Child, exporter_argv, free_port, render_prometheus_config,
                                     start_prometheus, wait_for_scrapes, wait_http)

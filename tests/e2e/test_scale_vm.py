@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from dashboards.catalogue import BOARDS
-from dashboards.evidence.cli import main as evidence_main
-from dashboards.evidence.promapi import TOKEN_ENV, Prometheus
-from dashboards.evidence.report import RATE_NOTE, panel_kind
+from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.promapi import TOKEN_ENV, Prometheus
+from exporter.evidence.report import RATE_NOTE, panel_kind
 from exporter.core.stats import percentile
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.stack import (REPO_FILES, Child, exporter_argv, free_port, render_prometheus_config,

@@ -15,9 +15,9 @@ from pathlib import Path
 import yaml
 
 from dashboards.catalogue import MIXIN, PANELS, exact_count, expand
-from dashboards.evidence.counts import covering, exact_counts
-from dashboards.evidence.summarize import histogram_p95_expr
-from dashboards.evidence.windows import Window
+from exporter.evidence.counts import covering, exact_counts
+from exporter.evidence.summarize import histogram_p95_expr
+from exporter.evidence.windows import Window
 
 from tests.helpers import require_prometheus
 

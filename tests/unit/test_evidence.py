@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from dashboards.evidence.decode import decode_capture
-from dashboards.evidence.cli import main as evidence_main
-from dashboards.evidence.promapi import Prometheus
-from dashboards.evidence.windows import WindowError, parse_window
+from exporter.evidence.decode import decode_capture
+from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.promapi import Prometheus
+from exporter.evidence.windows import WindowError, parse_window
 from exporter.harness.sim import FAULTS, build_params, create_sim_app
 
 from tests.helpers import INTENDED, read_records
@@ -60,7 +60,7 @@ async def test_decode_success_and_broken_captures(aiohttp_server: Any, proxy_fac
     corrupt = tmp_path / "c.json"
     corrupt.write_text("{not json")
     (tmp_path / "c.sse").write_bytes(b"")
-    proc = subprocess.run([sys.executable, "-m", "dashboards.evidence", "decode", str(sse), str(truncated),
+    proc = subprocess.run([sys.executable, "-m", "exporter.evidence", "decode", str(sse), str(truncated),
                            str(corrupt), str(tmp_path / "missing.sse"), "--json"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     rows = json.loads(proc.stdout)
@@ -112,8 +112,8 @@ def test_summarize_hand_computed(tmp_path: Path) -> None:
 
 
 def test_grid_ends_on_the_window_end_and_step_notes() -> None:
-    from dashboards.evidence.export import DEFAULT_STEP_S, ExportError, choose_step, grid_start
-    from dashboards.evidence.windows import Window
+    from exporter.evidence.export import DEFAULT_STEP_S, ExportError, choose_step, grid_start
+    from exporter.evidence.windows import Window
 
     w = Window(1000.0, 1047.0, "1000,1047")
     assert grid_start(w, 5.0) == 1002.0  # 1002, 1007, ..., 1047
@@ -127,7 +127,7 @@ def test_grid_ends_on_the_window_end_and_step_notes() -> None:
 
 
 def test_prometheus_client_headers_token_and_printable_url(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dashboards.evidence.promapi import TOKEN_ENV, parse_header
+    from exporter.evidence.promapi import TOKEN_ENV, parse_header
 
     assert parse_header("X-Scope-OrgID: team-a") == ("X-Scope-OrgID", "team-a")
     for bad in ("no-colon", ": value", "bad name:v"):

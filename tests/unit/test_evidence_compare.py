@@ -10,9 +10,9 @@ from typing import Any
 import matplotlib.image as mpimg
 import pytest
 
-from dashboards.evidence.cli import main as evidence_main
-from dashboards.evidence.compare import compare_dirs, compare_runs, load_run
-from dashboards.evidence.noise import METRICS
+from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.compare import compare_dirs, compare_runs, load_run
+from exporter.evidence.noise import METRICS
 
 
 def _round(engine: str, scenario: str, rnd: int, throughput: float, ttft: float, n: int = 10) -> list[dict[str, Any]]:

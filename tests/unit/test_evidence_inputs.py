@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.evidence.cli import build_parser, main as evidence_main
+from exporter.evidence.cli import build_parser, main as evidence_main
 
 NOW = time.time()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dashboards.evidence.cli import main as evidence_main
+from exporter.evidence.cli import main as evidence_main
 from exporter.core.stats import percentile
 
 

@@ -38,7 +38,7 @@ __all__ = ["load_records", "summarize", "write_summary", "histogram_p95_expr", "
 HISTOGRAMS = {"ttft": ("llmbench_time_to_first_token_seconds", "ttft_s"),
               "tpot": ("llmbench_time_per_output_token_seconds", "tpot_s"),
               "e2e": ("llmbench_e2e_request_latency_seconds", "e2e_s")}
-#: SPEC section 12: first visible text, first body byte, first event with choices.
+#: first visible text, first body byte, first event with choices.
 TTFT_VARIANTS = ("ttft_s", "ttfb_s", "ttfe_s")
 SKIP_SCENARIOS = frozenset({"warmup"})
 Groups = dict[tuple[str, str, Any], list[dict[str, Any]]]

@@ -5,7 +5,7 @@ A scenario window comes, first that applies, from:
 1. ``--records``: the proxy's ``scenarios.jsonl`` (exact: the times the scenario was set);
 2. Prometheus's round timestamp gauges ``llmbench_scenario_round_start_timestamp_seconds`` /
    ``llmbench_scenario_round_end_timestamp_seconds`` (exact to the proxy's clock; a round
-   shorter than a scrape interval is still found, SPEC section 16);
+   shorter than a scrape interval is still found);
 3. samples of ``llmbench_scenario_info`` (proxies without those gauges; to a scrape interval).
 
 :attr:`Window.source` says which, and the export writes it down.

@@ -3,8 +3,9 @@ the median of rounds, the whisker from the rounds' min to max."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
@@ -15,20 +16,17 @@ from dashboards.catalogue import ENGINE_COLORS  # noqa: E402
 
 from .noise import Metric  # noqa: E402
 
-if TYPE_CHECKING:
-    from .compare import Run
-
 __all__ = ["plot_metric", "run_color"]
 
 #: Colours of runs that are not one known engine each.
 _OTHER = ("#2ca02c", "#9467bd")
 
 
-def run_color(run: Run, index: int) -> str:
+def run_color(label: str, engines: Sequence[str], index: int) -> str:
     """SGLang blue and vLLM orange where a run is one of them; green (A) and purple (B) otherwise."""
-    if len(run.engines) == 1 and run.engines[0] in ENGINE_COLORS:
-        return ENGINE_COLORS[run.engines[0]]
-    return ENGINE_COLORS.get(run.label.lower(), _OTHER[index])
+    if len(engines) == 1 and engines[0] in ENGINE_COLORS:
+        return ENGINE_COLORS[engines[0]]
+    return ENGINE_COLORS.get(label.lower(), _OTHER[index])
 
 
 def _bars(ax: Any, rows: list[dict[str, Any]], side: str, x: list[float], color: str, label: str) -> None:
@@ -39,15 +37,17 @@ def _bars(ax: Any, rows: list[dict[str, Any]], side: str, x: list[float], color:
     ax.errorbar(x, values, yerr=[lo, hi], fmt="none", ecolor="#333333", capsize=4, linewidth=1)
 
 
-def plot_metric(rows: list[dict[str, Any]], metric: Metric, a: Run, b: Run, path: Path) -> Path:
+def plot_metric(rows: list[dict[str, Any]], metric: Metric, a: tuple[str, Sequence[str]],
+                b: tuple[str, Sequence[str]], path: Path) -> Path:
+    """``a`` and ``b``: each run's (label, engines)."""
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.5), dpi=100, facecolor="white")
     xs = list(range(len(rows)))
-    _bars(ax, rows, "a", [x - 0.2 for x in xs], run_color(a, 0), f"A: {a.label}")
-    _bars(ax, rows, "b", [x + 0.2 for x in xs], run_color(b, 1), f"B: {b.label}")
+    _bars(ax, rows, "a", [x - 0.2 for x in xs], run_color(*a, 0), f"A: {a[0]}")
+    _bars(ax, rows, "b", [x + 0.2 for x in xs], run_color(*b, 1), f"B: {b[0]}")
     ax.set_xticks(xs)
     ax.set_xticklabels([f"{r['scenario']}\n{r['verdict'] or '-'}" for r in rows], fontsize=8)
     direction = "higher is better" if metric.higher_is_better else "lower is better"
-    ax.set_title(f"{metric.title} ({metric.unit or 'ratio'}; {direction}): B = {b.label} against A = {a.label}\n"
+    ax.set_title(f"{metric.title} ({metric.unit or 'ratio'}; {direction}): B = {b[0]} against A = {a[0]}\n"
                  "bars: median of rounds; whiskers: min–max over rounds; below: the verdict", fontsize=9, loc="left")
     ax.grid(True, axis="y", color="#e5e5e5", linewidth=0.6)
     ax.legend(fontsize=8, frameon=False)

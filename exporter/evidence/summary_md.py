@@ -64,7 +64,7 @@ def _variants(summary: dict[str, Any]) -> list[str]:
     rows = summary.get("ttft_variants") or []
     if not rows:
         return []
-    lines = ["", "TTFT variants of successful requests (SPEC section 12): ttft = first visible text, "
+    lines = ["", "TTFT variants of successful requests: ttft = first visible text, "
              "ttfb = first body byte, ttfe = first event with choices (what vLLM's bench client stamps):", ""]
     lines += md_table(rows, _VARIANT_COLS)
     if any(r.get("ttfb_n", 0) < r.get("success", 0) or r.get("ttfe_n", 0) < r.get("success", 0) for r in rows):

@@ -1,4 +1,4 @@
-"""Exact merge of several proxies' records (SPEC section 14).
+"""Exact merge of several proxies' records.
 
 Each proxy writes its own ``requests.jsonl``.  Percentiles over several proxies cannot be
 recovered from their histograms (bucket bounds only bound them), but they can from the

@@ -1,4 +1,4 @@
-"""``evidence compare A B``: two runs (records directories) per scenario and metric (SPEC 15).
+"""``evidence compare A B``: two runs (records directories) per scenario and metric.
 
 The value of each run is the median over rounds of each round's figure, as in the round
 tables; beside it the rounds' spread (min–max) and, with enough requests, a bootstrap 95%
@@ -124,7 +124,8 @@ def compare_dirs(a: Path, b: Path, out: Path, label_a: str = "A", label_b: str =
     if not rows:
         raise CompareError(f"{label_a} and {label_b} share no scenario: nothing to compare")
     make_dir(out)
-    pngs = [plot_metric([r for r in rows if r["metric"] == m.key], m, run_a, run_b, out / f"{m.key}.png")
+    sides = (run_a.label, run_a.engines), (run_b.label, run_b.engines)
+    pngs = [plot_metric([r for r in rows if r["metric"] == m.key], m, *sides, out / f"{m.key}.png")
             for m in METRICS]
     csv_path, md_path = out / "compare.csv", out / "compare.md"
     _csv(csv_path, rows, run_a, run_b)

@@ -25,7 +25,7 @@ class Metric:
     higher_is_better: bool
 
 
-#: The metrics compared between runs and engines (SPEC section 15).
+#: The metrics compared between runs and engines.
 METRICS: tuple[Metric, ...] = (
     Metric("success_ratio", "Success ratio", "", True),
     Metric("output_throughput_tok_s", "Successful output throughput", "tok/s", True),

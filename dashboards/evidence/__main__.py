@@ -1,7 +1,0 @@
-"""``python -m dashboards.evidence``: the ``evidence`` command."""
-
-import sys
-
-from .cli import main
-
-sys.exit(main())
