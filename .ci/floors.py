@@ -24,7 +24,7 @@ def floors(extras: list[str]) -> list[str]:
     pins: dict[str, str] = {}
     for spec in specs:
         req, _, marker = spec.partition(";")
-        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(>=|==)\s*([0-9][^,\s]*)\s*", req)
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(>=|==)\s*([0-9][^,\s]*)\s*(?:,\s*<[0-9][^,\s]*\s*)?", req)
         if m is None:
             continue  # no floor to pin (an unversioned name)
         name, _, version = m.groups()

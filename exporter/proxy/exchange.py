@@ -23,6 +23,7 @@ from aiohttp.streams import StreamReader
 from exporter.core.analysis import RequestSpec, Result, StreamAnalyzer
 from exporter.core.content import is_event_stream
 
+from .clientsock import cap_unsent
 from .config import Engine
 from .finish import Measurement
 from .hop import ClientGone, Splice
@@ -263,6 +264,8 @@ class Exchange:
                 transport = self.request.transport
                 if transport is None:
                     raise ClientGone()
+                if streaming:
+                    cap_unsent(transport)  # a slow client's bytes wait where the splice sees them
                 resp = self.response
                 assert resp is not None
                 filt = self.usage_filter if upstream.status == 200 and streaming else None

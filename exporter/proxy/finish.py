@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from .config import Config
 from .metrics import ProxyMetrics
 from .records import Capture, JsonlWriter, write_capture
 
-__all__ = ["Measurement", "Finisher", "Observer", "CLIENT_BOUND_SHARE"]
+__all__ = ["Measurement", "Finisher", "Observer", "FailureLog", "CLIENT_BOUND_SHARE"]
 
 log = logging.getLogger("llmbench.proxy")
 
@@ -92,6 +93,34 @@ class Measurement:
         }
 
 
+class FailureLog:
+    """One log line per engine and failure reason every ``every_s`` seconds at most, naming the
+    engine and the cause, with how many more there were since the last line."""
+
+    #: reasons that are not the upstream's: the client left, or the proxy logged its own fault
+    QUIET = frozenset({None, "client_abort", "proxy_error"})
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._last: dict[tuple[str, str], float] = {}
+        self._held: dict[tuple[str, str], int] = {}
+
+    def note(self, engine: str, reason: str | None, detail: str | None) -> None:
+        if reason in self.QUIET:
+            return
+        key = (engine, str(reason))
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.every_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        self._last[key] = now
+        more = self._held.pop(key, 0)
+        log.warning("engine %s: %s: %s%s", engine, reason, detail or "(no detail)",
+                    f" (and {more} more in the last {now - last:.0f} s)" if more and last is not None else "")
+
+
 class Finisher:
     """Writes, counts and tells of each finished request; one per proxy process."""
 
@@ -104,6 +133,7 @@ class Finisher:
         self.captures_dir = captures_dir
         self.observers = observers
         self.spawn = spawn
+        self.failures = FailureLog()
 
     def finish(self, m: Measurement) -> asyncio.Task[None] | None:
         """Finish ``m`` now, or, with a capture to write first, in a task (returned)."""
@@ -130,6 +160,7 @@ class Finisher:
             log.error("record %s not written: %s", m.id, exc)
         self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
                                      m.timing_uncertainty_s, m.client_backpressure_s)
+        self.failures.note(m.engine, m.result.reason, m.result.detail)
         for observer in self.observers:
             try:
                 observer.observe(record)
