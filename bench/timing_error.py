@@ -1,6 +1,6 @@
 """The proxy's own timing error against ground truth (SPEC section 10), side by side in one run.
 
-    python bench/timing_error.py [--seconds 6] [--events 64] [--workers 1,2] [--levels 8:20,32:10,64:5,128:5]
+    python bench/timing_error.py [--seconds 6] [--events 64] [--workers 1,2] [--levels 8:20,32:10,64:5,128:5] [--before DIR]
 
 An upstream (its own process) streams SSE events at a fixed gap and stamps the wall-clock
 moment it wrote each request's first text event (right after the ``write(2)``).  The proxy's
@@ -191,11 +191,19 @@ async def measure(args: argparse.Namespace, up_url: str, proxy_url: str, pid: in
             name = f"{label} C{conc}/{gap_ms:g}ms{' scrape' if scrape else ''}"
             print(_row(name, events, elapsed, cpu, errors, lag99, covered / len(errors) if errors else None,
                        miss if errors else None), flush=True)
-        if args.direct and label.endswith("w1"):
+        if args.direct and label == "proxy w1":
             events, elapsed, _, firsts, _ = await _one_row(args, up_url, None, None, conc, gap, False)
             stamps = json.loads(await _get(f"{up_url}/stamps"))
             errors = [firsts[r] - s for r, s in stamps.items() if r in firsts]
             print(_row(f"direct C{conc}/{gap_ms:g}ms", events, elapsed, None, errors, None, None), flush=True)
+
+
+def _serve_argv(tree: Path | None, argv: list[str]) -> list[str]:
+    """``llm-bench-exporter ARGV`` from this tree, or from ``tree``."""
+    if tree is None:
+        return exporter_argv(*argv)
+    code = f"import sys; sys.path.insert(0, {str(tree.resolve())!r}); from exporter.cli import main; sys.exit(main())"
+    return [sys.executable, "-c", code, *argv]
 
 
 def main() -> int:
@@ -206,6 +214,9 @@ def main() -> int:
     ap.add_argument("--levels", default="8:20,32:10,64:5,128:5", help="CONCURRENCY:GAP_MS,...")
     ap.add_argument("--no-pin", dest="pin", action="store_false")
     ap.add_argument("--no-direct", dest="direct", action="store_false", help="leave out the harness-floor rows")
+    ap.add_argument("--before", type=Path, metavar="DIR",
+                    help="also run the proxy of another source tree (e.g. `git archive HEAD | tar -x -C DIR`) "
+                         "as rows 'before', after each worker count's own rows")
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_upstream:
@@ -230,17 +241,19 @@ def main() -> int:
               f"pinned: {args.pin and cpus >= 2}, CPUs: {cpus}\n")
         print(f"{'row':<26} {'events/s':>9} {'CPU':>5} {'err p50':>7} {'err p99':>7} {'err max':>7} "
               f"{'lag p99':>7} {'covered':>6} {'miss max':>8} {'reqs':>6}")
+        trees: dict[str, Path | None] = {"proxy": None, **({"before": args.before} if args.before else {})}
         for workers in (int(w) for w in args.workers.split(",")):
-            port = free_port()
-            proxy = Child(f"proxy-w{workers}", exporter_argv("serve", "--config", str(_config(tmp, port, up_port)),
-                                                             "--workers", str(workers)), tmp)
-            children.append(proxy)
-            wait_http(f"http://127.0.0.1:{port}/-/ready", 30, proxy)
-            if args.pin and cpus >= 2:
-                pin(proxy.proc.pid, {0} if workers == 1 else set(range(cpus)), tree=True)
-            asyncio.run(measure(args, f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{port}",
-                                proxy.proc.pid, tmp / f"records-{port}" / "requests.jsonl", f"proxy w{workers}"))
-            proxy.stop()
+            for name, tree in trees.items():
+                port = free_port()
+                argv = ["serve", "--config", str(_config(tmp, port, up_port)), "--workers", str(workers)]
+                proxy = Child(f"{name}-w{workers}", _serve_argv(tree, argv), tmp)
+                children.append(proxy)
+                wait_http(f"http://127.0.0.1:{port}/-/ready", 30, proxy)
+                if args.pin and cpus >= 2:
+                    pin(proxy.proc.pid, {0} if workers == 1 else set(range(cpus)), tree=True)
+                asyncio.run(measure(args, f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{port}",
+                                    proxy.proc.pid, tmp / f"records-{port}" / "requests.jsonl", f"{name} w{workers}"))
+                proxy.stop()
     finally:
         for c in reversed(children):
             c.stop()

@@ -10,19 +10,25 @@ from typing import Any
 
 from .boards import GENERATED, write_all
 from .k8s import K8S_DIR, InputError, write_k8s
+from .mixin import CONFIG as MIXIN
+from .promql import JobError, check_job
 from .rules import RULES_FILE, write_rules
 
 
 def _write(args: argparse.Namespace) -> None:
-    boards = write_all(Path(args.out))
+    job = check_job(args.job) if args.job is not None else None
+    if job is not None and job != MIXIN.job and args.k8s and not args.rules:
+        raise JobError(f"--k8s with --job {job} needs --rules PATH too: the repository's rule file selects "
+                       f"job {MIXIN.job!r}")
+    boards = write_all(Path(args.out), job)
     for path in boards:
         print(path)
     rules = RULES_FILE
     if args.rules:
-        rules = write_rules(Path(args.rules))
+        rules = write_rules(Path(args.rules), job)
         print(rules)
     if args.k8s:
-        for path in write_k8s(Path(args.k8s), boards, rules):
+        for path in write_k8s(Path(args.k8s), boards, rules, job):
             print(path)
 
 
@@ -33,7 +39,7 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
         where = exc.filename if exc.filename is not None else "output"
         print(f"llm-bench-exporter dashboards: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except InputError as exc:
+    except (InputError, JobError) as exc:
         print(f"llm-bench-exporter dashboards: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -48,6 +54,9 @@ def add_parser(sub: Any) -> None:
                    help="also write Kubernetes manifests (Grafana dashboard ConfigMaps, PrometheusRule, "
                         f"ServiceMonitor, the proxy's Deployment and Service) from the boards just written "
                         f"and the rules file (default dir: {K8S_DIR})")
+    p.add_argument("--job", metavar="NAME",
+                   help=f"the Prometheus job that scrapes the proxies: boards and rules select it "
+                        f"(default: {MIXIN.job}, as in prometheus/prometheus.yml)")
     p.set_defaults(func=cmd_dashboards)
 
 

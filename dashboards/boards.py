@@ -9,6 +9,7 @@ The generated JSON is committed under ``dashboards/generated/`` and a test keeps
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,18 @@ import grafanalib.core as g
 from grafanalib._gen import DashboardEncoder
 
 from .catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, LINE_STYLES, MIXIN, Board, Panel
+from .promql import retarget
 
-__all__ = ["SCHEMA_VERSION", "MAX_DATA_POINTS", "build", "build_all", "write_all", "layout", "GENERATED"]
+__all__ = ["SCHEMA_VERSION", "MAX_DATA_POINTS", "build", "build_all", "write_all", "layout", "row_positions",
+           "GENERATED", "ROW_HEIGHT"]
 
 SCHEMA_VERSION = 39
 MAX_DATA_POINTS = 1500
 GENERATED = Path(__file__).resolve().parent / "generated"
 DS = {"type": "prometheus", "uid": "${datasource}"}
+ROW_HEIGHT = 1
+#: Grafana dash patterns of the legend words' line styles (catalogue.LINE_STYLES)
+_DASH = {"dash": [10, 10], "dot": [0, 10], "dashdot": [10, 5, 2, 5]}
 
 _PROXY = MIXIN.proxy()
 _VARIABLES: dict[str, dict[str, Any]] = {
@@ -47,20 +53,39 @@ def _variable(name: str) -> g.Template:
 
 
 def _color_overrides(panel: Panel) -> list[dict[str, Any]]:
-    if not panel.per_engine_colors:
-        return []
-    out = [
+    out = [] if not panel.per_engine_colors else [
         {"matcher": {"id": "byRegexp", "options": f"^{engine}.*"},
          "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
         for engine, color in ENGINE_COLORS.items()
     ]
     legends = " ".join(q.legend for q in panel.queries)
     for word, style in LINE_STYLES.items():
-        if word in legends:
-            dash = [10, 10] if style == "dash" else [0, 10]
+        if panel.per_engine_colors and word in legends:
+            fill = "dot" if style == "dot" else "dash"
             out.append({"matcher": {"id": "byRegexp", "options": f".*{word}.*"},
-                        "properties": [{"id": "custom.lineStyle", "value": {"fill": style, "dash": dash}}]})
-    return out
+                        "properties": [{"id": "custom.lineStyle", "value": {"fill": fill, "dash": _DASH[style]}}]})
+    return out + _right_axis(panel)
+
+
+def _legend_regex(legend: str) -> str:
+    """A regex for the display names a legend format gives (``{{label}}`` matches anything)."""
+    parts = re.split(r"\{\{\s*\w+\s*\}\}", legend)
+    return "^" + ".*".join(re.escape(p) for p in parts) + "$"
+
+
+def _right_axis(panel: Panel) -> list[dict[str, Any]]:
+    """The queries marked ``right`` on an axis of their own: its label, placement and soft minimum 0
+    (the axis label is part of Grafana's scale key, so they never share the left axis).  Their values
+    stay in seconds: Grafana's ``s`` unit prints them as ms (the PNG boards scale them to the unit)."""
+    if panel.right_unit is None:
+        return []
+    label = panel.right_unit[1]
+    return [{"matcher": {"id": "byRegexp", "options": _legend_regex(q.legend)},
+             "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                            {"id": "custom.axisLabel", "value": label},
+                            {"id": "custom.axisSoftMin", "value": 0},
+                            {"id": "unit", "value": "s"}]}
+            for q in panel.queries if q.right]
 
 
 def _thresholds(panel: Panel) -> dict[str, Any]:
@@ -83,16 +108,30 @@ def _grafanalib_panel(panel: Panel, pos: g.GridPos) -> g.Panel:
                         tooltipMode="multi", **common)
 
 
+def _row_starts(board: Board) -> dict[str, str]:
+    return {r.first: r.title for r in board.rows}
+
+
 def layout(board: Board) -> list[g.GridPos]:
-    """Row-major grid of 24 columns: stat panels in a row above the 2-column time series."""
+    """Row-major grid of 24 columns: stat panels in a row above the 2-column time series; a
+    board's row heading (:class:`~dashboards.promql.Row`) starts a new grid row of its own."""
     out, x, y, row_h = [], 0, 0, 0
+    starts = _row_starts(board)
     for p in board.panels:
-        if x + p.width > 24:
+        if p.key in starts:
+            x, y, row_h = 0, y + row_h + ROW_HEIGHT, 0
+        elif x + p.width > 24:
             x, y, row_h = 0, y + row_h, 0
         out.append(g.GridPos(h=p.height, w=p.width, x=x, y=y))
         x += p.width
         row_h = max(row_h, p.height)
     return out
+
+
+def row_positions(board: Board) -> list[tuple[str, int]]:
+    """(title, grid y) of each row heading: just above its first panel."""
+    starts = _row_starts(board)
+    return [(starts[p.key], pos.y - ROW_HEIGHT) for p, pos in zip(board.panels, layout(board)) if p.key in starts]
 
 
 def _annotations(board: Board) -> dict[str, Any]:
@@ -133,6 +172,8 @@ def build(board: Board) -> dict[str, Any]:
             defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
         if panel.log_scale:
             defaults["custom"]["scaleDistribution"] = {"type": "log", "log": 10}
+        if panel.from_zero:
+            defaults["min"] = 0
         out["fieldConfig"]["overrides"] = _color_overrides(panel)
         out["pluginVersion"] = "10.4.0"
         for key in ("height", "span", "minSpan", "error", "repeat", "repeatDirection", "maxPerRow"):
@@ -149,22 +190,34 @@ def build(board: Board) -> dict[str, Any]:
             var["current"] = {"selected": True, "text": "Prometheus", "value": DATASOURCE_UID}
         else:
             var["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    _insert_rows(board, data)
     return data
 
 
-def build_all() -> dict[str, dict[str, Any]]:
-    return {name: build(board) for name, board in BOARDS.items()}
+def _insert_rows(board: Board, data: dict[str, Any]) -> None:
+    """Grafana row panels (the board's headings) before their first panels; ids after the panels'."""
+    next_id = max((p["id"] for p in data["panels"]), default=0) + 1
+    for title, y in row_positions(board):
+        at = next(i for i, p in enumerate(data["panels"]) if p["gridPos"]["y"] > y)
+        data["panels"].insert(at, {"type": "row", "title": title, "id": next_id, "collapsed": False, "panels": [],
+                                   "gridPos": {"h": ROW_HEIGHT, "w": 24, "x": 0, "y": y}})
+        next_id += 1
+
+
+def build_all(job: str | None = None) -> dict[str, dict[str, Any]]:
+    """Every board as Grafana JSON; ``job``: the proxies' Prometheus job (default: the mixin's)."""
+    return {name: retarget(build(board), job) for name, board in BOARDS.items()}
 
 
 def render_json(board: dict[str, Any]) -> str:
     return json.dumps(board, indent=2, sort_keys=True) + "\n"
 
 
-def write_all(out_dir: Path = GENERATED) -> list[Path]:
+def write_all(out_dir: Path = GENERATED, job: str | None = None) -> list[Path]:
     """Write ``<name>.json`` per board; returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, data in build_all().items():
+    for name, data in build_all(job).items():
         path = out_dir / f"{name}.json"
         path.write_text(render_json(data), encoding="utf-8")
         paths.append(path)

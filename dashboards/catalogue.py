@@ -10,21 +10,20 @@ instances add up.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-
 from .mixin import CONFIG as MIXIN
+from .promql import COUNT_STEP, Annotation, Board, Panel, Query, Row, exact_count, expand, for_job
 
 __all__ = [
     "ENGINE_COLORS", "LINE_STYLES", "DATASOURCE_UID", "VM_DATASOURCE_UID", "RATE_WINDOW", "COUNT_STEP", "Query",
     "Panel", "Board", "Annotation", "BOARDS", "PANELS", "ROUND_ANNOTATIONS", "expand", "rule_expr", "exact_count",
-    "SLO_TTFT_S", "SLO_TPOT_S", "MIXIN",
+    "SLO_TTFT_S", "SLO_TPOT_S", "MIXIN", "Row", "for_job", "boards_for",
 ]
 
 #: Fixed colours: SGLang blue, vLLM orange (Grafana and the PNG evidence alike).
 ENGINE_COLORS: dict[str, str] = {"sglang": "#1f77b4", "vllm": "#ff7f0e"}
 #: Where one engine has several series on a panel: legend word -> line style.
-LINE_STYLES: dict[str, str] = {"proxy": "dash", "queue": "dot"}
+LINE_STYLES: dict[str, str] = {"mean": "dashdot", "proxy": "dash", "queue": "dot", "max": "dot",
+                               "completions": "dash"}
 #: The provisioned Prometheus datasource's uid (compose/grafana/provisioning).
 DATASOURCE_UID = "llmbench-prometheus"
 #: The second one, VictoriaMetrics, in compose's `scale` profile.
@@ -40,8 +39,6 @@ SLO_TPOT_S = MIXIN.slo_tpot_s
 E = MIXIN.engine_label
 BY_E = MIXIN.by_engine
 LEGEND = MIXIN.engine_legend
-#: The subquery step of the restart-safe exact counts (:func:`exact_count`).
-COUNT_STEP = MIXIN.count_step
 _ES = f'{MIXIN.engine_matcher()}, scenario=~"$scenario"'
 _HOST = '{gpu=~"$gpu", Hostname=~"$host"}'
 _HOST_LC = '{gpu=~"$gpu", hostname=~"$host"}'
@@ -71,24 +68,6 @@ _EMPTY = "llmbench_empty_text_responses_total" + MIXIN.proxy(_ES)
 _MET = "llmbench_slo_requests_total" + MIXIN.proxy(_MET_M, _ES)
 
 
-def exact_count(selector: str, range_: str = "$__range") -> str:
-    """Exact count of a counter's events in the time range, per series, right across restarts.
-
-    A sum of resets-aware differences between consecutive samples, without ``increase()``'s
-    extrapolation to fractional requests: at each step of ``COUNT_STEP`` (at most the scrape
-    interval) the newest sample minus the one before it, or, where the counter went down (the
-    exporter restarted), the new value itself, as ``increase()`` does.  The previous sample is
-    looked up with a range selector, so it is found across the stale gap a restart leaves.
-    A series' first sample is its baseline, and the window's is the last sample before its first
-    step (at most ``COUNT_STEP`` before the range starts).  Like ``increase()``, it cannot see a
-    restart after which the counter is back at or above its last sample before the restart.
-    Aggregate the result (``sum by (engine)``), never the counter before it: each proxy instance
-    restarts on its own.  Prometheus and VictoriaMetrics give the same numbers."""
-    cur = f"last_over_time({selector}[{COUNT_STEP}])"
-    prev = f"last_over_time({selector}[{range_}] offset {COUNT_STEP})"
-    return f"sum_over_time(({cur} - {prev} * ({prev} <= bool {cur}))[{range_}:{COUNT_STEP}])"
-
-
 def _count(selector: str, by: str = BY_E) -> str:
     return f"sum {by} ({exact_count(selector)})"
 
@@ -100,58 +79,25 @@ def _dcgm(metric: str, scale: str = "") -> str:
 
 
 def _engine(name: str, metric: str, *matchers: str) -> str:
-    return f"{metric}{MIXIN.engine_job(name, _ENGINE_INST, *matchers)}"
+    """An engine's own series.  vLLM spells its names ``vllm:NAME``; SGLang servers are seen with
+    ``sglang:NAME`` and ``sglang_NAME``, so its selector matches both (a server has one)."""
+    if name == "sglang":
+        return MIXIN.engine_job(name, f'__name__=~"sglang[:_]{metric}"', _ENGINE_INST, *matchers)
+    return f"vllm:{metric}{MIXIN.engine_job(name, _ENGINE_INST, *matchers)}"
 
 
-@dataclass(frozen=True)
-class Annotation:
-    """A Grafana annotation query: each series' value is the unix time of an event."""
-
-    name: str
-    expr: str
-    title: str
-    text: str
-    color: str
+def _engine_p95(name: str, metric: str) -> str:
+    return f"histogram_quantile(0.95, sum by (le) (rate({_engine(name, metric + '_bucket')}[{W}])))"
 
 
-@dataclass(frozen=True)
-class Query:
-    expr: str
-    legend: str
-    ref: str = "A"
+def _engine_mean(name: str, metric: str) -> str:
+    """The exact mean, where a coarse histogram's P95 can only say "inside the first bucket"."""
+    return f"sum(rate({_engine(name, metric + '_sum')}[{W}])) / sum(rate({_engine(name, metric + '_count')}[{W}]))"
 
 
-@dataclass(frozen=True)
-class Panel:
-    key: str
-    title: str
-    unit: str
-    queries: tuple[Query, ...]
-    kind: str = "timeseries"  # or "stat"
-    description: str = ""
-    width: int = 12
-    height: int = 8
-    rule: str | None = None  # recording rule name, when the query is also recorded
-    per_engine_colors: bool = True
-    thresholds: tuple[float, ...] = ()
-    low_is_bad: bool = False  # thresholds mark the bottom (a ratio that must stay high)
-    log_scale: bool = False
-
-    @property
-    def exprs(self) -> list[str]:
-        return [q.expr for q in self.queries]
-
-
-@dataclass(frozen=True)
-class Board:
-    uid: str
-    title: str
-    panels: tuple[Panel, ...]
-    variables: tuple[str, ...]
-    tags: tuple[str, ...] = ("llm-bench",)
-    annotations: tuple[Annotation, ...] = ()
-    columns: int = 2
-    extra: dict[str, str] = field(default_factory=dict)
+def _p95_and_mean(name: str, metric: str, what: str, refs: str) -> tuple[Query, Query]:
+    return (Query(_engine_p95(name, metric), f"{name} {what} P95", refs[0]),
+            Query(_engine_mean(name, metric), f"{name} {what} mean", refs[1]))
 
 
 def _q(expr: str, legend: str = LEGEND) -> tuple[Query, ...]:
@@ -217,14 +163,31 @@ COMPARISON = Board(
         Panel("success_ratio_1m", "Success ratio (1-minute windows)", "percentunit",
               queries=_q(_rate("llmbench_requests_total", _OK_M) + " / " + _rate("llmbench_requests_total", _JUDGED_M)),
               rule="engine:llmbench_requests:success_ratio_rate1m"),
-        Panel("failure_ratio", "Failure ratio by reason", "percentunit", per_engine_colors=False,
+        Panel("failure_ratio", "Failure ratio by reason", "percentunit", per_engine_colors=False, top=5,
               queries=_q(f"sum by ({E}, reason) (rate({_FAILED}[{W}]))"
                          " / ignoring (reason) group_left " + _rate("llmbench_requests_total", _JUDGED_M),
                          f"{LEGEND} {{{{reason}}}}"),
               rule="engine_reason:llmbench_requests:failure_ratio_rate1m"),
-        Panel("in_flight", "Requests in flight", "short",
-              queries=_q(f"sum {BY_E} (llmbench_requests_in_flight{MIXIN.proxy(MIXIN.engine_matcher())})")),
+        Panel("offered_load", "Arrivals and completions", "reqps", width=8, queries=(
+            Query(_rate("llmbench_arrivals_total"), f"{LEGEND} arrivals/s", "A"),
+            Query(_rate("llmbench_requests_total"), f"{LEGEND} completions/s", "B")),
+              description="Requests per second as they arrive at the proxy (the load offered: what the engine "
+                          "received) and as they finish, whatever the outcome, 1-minute windows. Arrivals above "
+                          "completions for long: the engine falls behind and requests pile up in flight."),
+        Panel("in_flight", "Requests in flight", "short", width=8,
+              queries=_q(f"sum {BY_E} (llmbench_requests_in_flight{MIXIN.proxy(MIXIN.engine_matcher())})"),
+              description="Requests between their arrival and their last byte: a closed loop holds it at its "
+                          "concurrency."),
+        Panel("client_backpressure", "Client back-pressure per request", "s", width=8, queries=(
+            Query(_p95("llmbench_client_backpressure_seconds"), f"{LEGEND} back-pressure P95", "A"),
+            Query(f"{_rate('llmbench_client_backpressure_seconds_sum')} / "
+                  f"{_rate('llmbench_client_backpressure_seconds_count')}", f"{LEGEND} back-pressure mean", "B")),
+              description="Time each request's bytes waited for the client to take them (its socket full), P95 "
+                          "and mean over 1-minute windows. Above zero, the client is the bottleneck: its own "
+                          "figures and its closed loop are not the engine's; records mark such requests "
+                          "client_bound."),
     ),
+    rows=(Row("Offered load", "offered_load"),),
 )
 
 _GPU_LEGEND = "{{Hostname}}{{hostname}} GPU {{gpu}}"
@@ -233,7 +196,7 @@ GPU = Board(
     title="LLM bench: GPU resources",
     variables=("datasource", "host", "gpu"),
     panels=(
-        Panel("gpu_fb_used", "Framebuffer used", "gbytes", per_engine_colors=False,
+        Panel("gpu_fb_used", "Framebuffer used", "gbytes", per_engine_colors=False, from_zero=True,
               queries=_q(_dcgm("DCGM_FI_DEV_FB_USED", " / 1024"), _GPU_LEGEND),
               description="DCGM_FI_DEV_FB_USED (MiB) / 1024, one series per GPU."),
         Panel("gpu_sm_clock", "SM clock", "hertz", per_engine_colors=False,
@@ -249,47 +212,55 @@ GPU = Board(
 )
 
 _LAG = "llmbench_proxy_event_loop_lag_seconds"
+_UNCERTAINTY = "llmbench_request_timing_uncertainty_seconds"
+_UNCERTAINTY_SEL = (MIXIN.engine_matcher(), _INST)
 INTERNALS = Board(
     uid="llmbench-engine-internals",
     title="LLM bench: engine internals",
     variables=("datasource", "engine", "instance", "engine_instance"),
     panels=(
         Panel("engine_running", "Running requests (engine)", "short", queries=(
-            Query(f"sum({_engine('vllm', 'vllm:num_requests_running')})", "vllm running", "A"),
-            Query(f"sum({_engine('sglang', 'sglang:num_running_reqs')})", "sglang running", "B"))),
+            Query(f"sum({_engine('vllm', 'num_requests_running')})", "vllm running", "A"),
+            Query(f"sum({_engine('sglang', 'num_running_reqs')})", "sglang running", "B"))),
         Panel("engine_waiting", "Waiting requests (engine queue)", "short", queries=(
-            Query(f"sum({_engine('vllm', 'vllm:num_requests_waiting')})", "vllm waiting", "A"),
-            Query(f"sum({_engine('sglang', 'sglang:num_queue_reqs')})", "sglang waiting", "B"))),
+            Query(f"sum({_engine('vllm', 'num_requests_waiting')})", "vllm waiting", "A"),
+            Query(f"sum({_engine('sglang', 'num_queue_reqs')})", "sglang waiting", "B"))),
         Panel("engine_kv_cache", "KV-cache usage", "percentunit", queries=(
             # vLLM before the v1 metrics rename spells it gpu_cache_usage_perc
-            Query(f"max({_engine('vllm', 'vllm:kv_cache_usage_perc')} or {_engine('vllm', 'vllm:gpu_cache_usage_perc')})",
+            Query(f"max({_engine('vllm', 'kv_cache_usage_perc')} or {_engine('vllm', 'gpu_cache_usage_perc')})",
                   "vllm kv cache", "A"),
-            Query(f"max({_engine('sglang', 'sglang:token_usage')})", "sglang token usage", "B"))),
+            Query(f"max({_engine('sglang', 'token_usage')})", "sglang token usage", "B"))),
         Panel("engine_ttft_vs_proxy", "TTFT P95: engine-side vs proxy, and queue time", "s", queries=(
-            Query(f"histogram_quantile(0.95, sum by (le) (rate({_engine('vllm', 'vllm:time_to_first_token_seconds_bucket')}[{W}])))",
-                  "vllm engine TTFT", "A"),
-            Query(f"histogram_quantile(0.95, sum by (le) (rate({_engine('sglang', 'sglang:time_to_first_token_seconds_bucket')}[{W}])))",
-                  "sglang engine TTFT", "B"),
-            Query(f"histogram_quantile(0.95, sum by (le) (rate({_engine('vllm', 'vllm:request_queue_time_seconds_bucket')}[{W}])))",
-                  "vllm queue time", "C"),
+            *_p95_and_mean("vllm", "time_to_first_token_seconds", "engine TTFT", "AE"),
+            *_p95_and_mean("sglang", "time_to_first_token_seconds", "engine TTFT", "BF"),
+            *_p95_and_mean("vllm", "request_queue_time_seconds", "queue time", "CG"),
             Query(_p(0.95, "llmbench_time_to_first_token_seconds", E, MIXIN.engine_matcher(), _INST),
                   f"{LEGEND} proxy TTFT", "D")),
-              description="How much of a long TTFT was queueing: engine-side TTFT and queue time beside the proxy's."),
+              description="How much of a long TTFT was queueing: engine-side TTFT and queue time beside the proxy's. "
+                          "Beside each engine-side P95, the exact mean (rate of _sum / rate of _count): an engine "
+                          "histogram's P95 that lies in its first bucket (vLLM's queue time starts at 0.3 s) only "
+                          "says \"below that bound\", while the mean is exact."),
         Panel("engine_generation", "Generation throughput (engine)", "suffix: tok/s", queries=(
-            Query(f"sum(rate({_engine('vllm', 'vllm:generation_tokens_total')}[{W}]))", "vllm generated", "A"),
-            Query(f"sum(rate({_engine('sglang', 'sglang:generation_tokens_total')}[{W}]))", "sglang generated", "B"))),
+            Query(f"sum(rate({_engine('vllm', 'generation_tokens_total')}[{W}]))", "vllm generated", "A"),
+            Query(f"sum(rate({_engine('sglang', 'generation_tokens_total')}[{W}]))", "sglang generated", "B"))),
         Panel("engine_prompt", "Prompt throughput (engine)", "suffix: tok/s", queries=(
-            Query(f"sum(rate({_engine('vllm', 'vllm:prompt_tokens_total')}[{W}]))", "vllm prompt", "A"),
-            Query(f"sum(rate({_engine('sglang', 'sglang:prompt_tokens_total')}[{W}]))", "sglang prompt", "B"))),
-        Panel("proxy_timing_error", "Proxy timing error", "s", log_scale=True, width=24,
+            Query(f"sum(rate({_engine('vllm', 'prompt_tokens_total')}[{W}]))", "vllm prompt", "A"),
+            Query(f"sum(rate({_engine('sglang', 'prompt_tokens_total')}[{W}]))", "sglang prompt", "B"))),
+        Panel("proxy_timing_error", "Proxy timing error", "s", width=24, right_unit=("ms", "timing error"),
               thresholds=(MIXIN.proxy_lag_max_s,), rule=f"instance_worker:{_LAG}:p99_rate1m", queries=(
                   Query(_p(0.99, _LAG, f"{MIXIN.instance_label}, worker", _INST),
-                        "loop lag P99 {{instance}} {{worker}}", "A"),
+                        "loop lag P99 {{instance}} {{worker}}", "A", right=True),
+                  Query(_p(0.95, _UNCERTAINTY, E, *_UNCERTAINTY_SEL), f"{LEGEND} timing error P95", "B",
+                        rule=f"engine:{_UNCERTAINTY}:p95_rate1m", right=True),
+                  Query(_p(1, _UNCERTAINTY, E, *_UNCERTAINTY_SEL), f"{LEGEND} timing error max", "C", right=True),
                   Query(_p(0.95, "llmbench_time_to_first_token_seconds", E, MIXIN.engine_matcher(), _INST),
-                        f"{LEGEND} TTFT P95", "B")),
-              description="How late the proxy's timestamps can be: its event-loop lag P99 per proxy (and worker), "
-                          "beside the TTFT it measures (log scale). Records carry the per-request bound "
-                          "timing_uncertainty_s; the LLMBenchProxyLagging alert fires above "
+                        f"{LEGEND} proxy TTFT P95", "D")),
+              description="How late the proxy's timestamps can be, as the requests felt it: the P95 and the max "
+                          "(to its bucket's bound) of each finished request's timing_uncertainty_s (the largest "
+                          "loop lag while it was in flight), beside the event-loop lag P99 per proxy (and worker), "
+                          "on the right axis; the TTFT they bound on the left. A short stall is a tiny share of the "
+                          "loop's samples but the whole story for every request in flight during it. The "
+                          f"LLMBenchProxyLagging alert fires when the timing error P95 is above "
                           f"{MIXIN.proxy_lag_max_s * 1000:g} ms for 5 minutes."),
     ),
 )
@@ -297,23 +268,10 @@ INTERNALS = Board(
 BOARDS: dict[str, Board] = {"comparison": COMPARISON, "gpu": GPU, "internals": INTERNALS}
 PANELS: dict[str, Panel] = {p.key: p for b in BOARDS.values() for p in b.panels}
 
-_SELECTOR = re.compile(r"\{([^{}]*)\}")
 
-
-def _drop_match_all(m: re.Match[str]) -> str:
-    kept = [x.strip() for x in m.group(1).split(",") if x.strip() and not x.strip().endswith('=~".*"')]
-    return "{" + ", ".join(kept) + "}" if kept else ""
-
-
-def expand(expr: str, range_s: float | None = None, **values: str) -> str:
-    """Fill Grafana variables: each ``$name`` by ``values[name]`` (default ``.*``) and
-    ``$__range`` by ``range_s`` seconds; ``label=~".*"`` matchers are dropped."""
-    if "$__range" in expr:
-        if range_s is None:
-            raise ValueError("this query needs a range: pass range_s")
-        expr = expr.replace("$__range", f"{max(1, int(round(range_s)))}s")
-    expr = re.sub(r"\$(\w+)", lambda m: values.get(m.group(1), ".*"), expr)
-    return _SELECTOR.sub(_drop_match_all, expr)
+def boards_for(job: str | None = None) -> dict[str, Board]:
+    """The boards on the proxies of Prometheus job ``job`` (default: the mixin's)."""
+    return for_job(BOARDS, job)
 
 
 def rule_expr(panel: Panel) -> str:

@@ -16,6 +16,7 @@ written twice:
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from importlib.metadata import version
 from pathlib import Path
@@ -177,9 +178,17 @@ def render_manifests(boards: Iterable[Path], rules_file: Path,
     return out
 
 
-def write_k8s(out_dir: Path, boards: Iterable[Path], rules_file: Path) -> list[Path]:
-    """Write the manifests into ``out_dir``; returns the paths."""
+def _rename(text: str, job: str) -> str:
+    """The objects named after the default job named after ``job`` (``name: NAME`` and ``NAME-...``)."""
+    return re.sub(rf"(?<=name: ){re.escape(NAME)}\b", job, text)
+
+
+def write_k8s(out_dir: Path, boards: Iterable[Path], rules_file: Path, job: str | None = None) -> list[Path]:
+    """Write the manifests into ``out_dir``; returns the paths.  ``job``: the proxies' Prometheus job
+    (default: the mixin's), which names the proxy's objects (the Service's name is the job label)."""
     manifests = render_manifests(boards, rules_file)
+    if job is not None and job != NAME:
+        manifests = {name: _rename(text, job) for name, text in manifests.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, text in manifests.items():

@@ -14,23 +14,30 @@ from collections.abc import Sequence
 
 from . import __version__
 
-__all__ = ["main", "build_parser", "COMMANDS"]
+__all__ = ["main", "build_parser", "COMMANDS", "EPILOG"]
 
 #: subcommand -> (module with ``add_parser(sub)``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("exporter.proxy.serve", "run the measuring proxy exporter"),
     "sim": ("exporter.harness.sim", "run a simulated vLLM or SGLang engine"),
-    "load": ("exporter.harness.load", "drive load against an OpenAI-compatible base URL"),
+    "load": ("exporter.harness.load_cli", "drive load against an OpenAI-compatible base URL"),
     "demo": ("exporter.harness.demo", "the whole stack on one machine with simulated engines"),
     "dashboards": ("dashboards.__main__", "write the Grafana dashboards' JSON (and the Prometheus rules)"),
 }
 
 
+#: where the rest of the tools are: the ``evidence`` command is a program of its own
+EPILOG = ("Reports are the `evidence` command's (installed beside this one, in the same bin/ directory, "
+          "e.g. .venv/bin/evidence): evidence export pulls a Prometheus window into CSV/JSON, PNG and "
+          "EVIDENCE.md; evidence summarize and evidence compare turn the proxy's records into round tables "
+          "and verdicts.  See `evidence --help` and docs/quickstart.md.")
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the subcommand named in ``argv`` is imported (all of them when None)."""
     parser = argparse.ArgumentParser(prog="llm-bench-exporter", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--version", action="version", version=__version__)
+                                     epilog=EPILOG, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"llm-bench-exporter {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")

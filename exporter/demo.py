@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import sys
 
-from exporter.harness.demo import main
+from exporter.cli import main
+
+
+def demo(argv: list[str] | None = None) -> int:
+    return main(["demo", *(sys.argv[1:] if argv is None else argv)])
+
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(demo())

@@ -7,7 +7,8 @@
 ``coverage`` runs :func:`targets.check_bytes` under atheris (libFuzzer, coverage-guided) when
 it is installed, else under ``mutate``: plain random mutation (bit flips, splices, inserted SSE
 tokens) of a seed corpus.  ``grammar`` runs :func:`targets.check_generated`, the
-structure-aware differential.  Findings (the failing input and the error) are written to
+structure-aware differential; ``requests`` runs :func:`targets.check_request_generated`, valid
+request bodies in random spellings and encodings against ``json.loads``.  Findings (the failing input and the error) are written to
 ``--findings``; the executions of each part are printed at the end.  Exit status 1 when
 anything was found.
 """
@@ -78,13 +79,14 @@ def worker(mode: str, seconds: float, seed: int, findings: Path) -> tuple[int, i
     while time.monotonic() < end:
         for _ in range(50):
             runs += 1
-            if mode == "grammar":
+            if mode in ("grammar", "requests"):
                 case = rng.getrandbits(64)
+                check = targets.check_generated if mode == "grammar" else targets.check_request_generated
                 try:
-                    targets.check_generated(random.Random(case))
+                    check(random.Random(case))
                 except Exception:
                     found += 1
-                    _record(findings, "grammar", str(case).encode())
+                    _record(findings, mode, str(case).encode())
             else:
                 data = mutate(rng, rng.choice(corpus), corpus)
                 try:
@@ -143,7 +145,7 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=60)
-    ap.add_argument("--mode", choices=["both", "coverage", "grammar", "mutate"], default="both")
+    ap.add_argument("--mode", choices=["both", "coverage", "grammar", "requests", "mutate"], default="both")
     ap.add_argument("--jobs", type=int, default=1, help="processes for the grammar and mutate parts")
     ap.add_argument("--atheris-jobs", type=int, default=1, help="libFuzzer processes for the coverage part")
     ap.add_argument("--findings", type=Path, default=HERE / "findings")
@@ -153,6 +155,7 @@ def main() -> int:
     coverage = args.mode in ("both", "coverage")
     use_atheris = coverage and have_atheris()
     pool_modes = (["grammar"] if args.mode in ("both", "grammar") else []) + (
+        ["requests"] if args.mode in ("both", "requests") else []) + (
         ["mutate"] if args.mode == "mutate" or (coverage and not use_atheris) else [])
     jobs = [(m, args.seconds, seed + i, args.findings) for m in pool_modes for i in range(args.jobs)]
     with multiprocessing.get_context("spawn").Pool(max(1, len(jobs))) as pool:

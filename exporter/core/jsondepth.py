@@ -26,7 +26,9 @@ from typing import Any
 
 __all__ = [
     "MAX_DEPTH",
+    "as_utf8",
     "blank_escapes",
+    "json_encoding",
     "loads",
     "loads_exact",
     "low_point",
@@ -119,12 +121,37 @@ def nesting_depth_exceeds(data: bytes, limit: int = MAX_DEPTH) -> bool:
     return -low_point(brackets.translate(_FLIPPED))[1] > limit
 
 
-def loads_exact(data: bytes, max_depth: int = MAX_DEPTH) -> Any:
-    """The standard library's reading (exact integers), depth-bounded; ValueError when invalid."""
+def json_encoding(body: bytes) -> str:
+    """The encoding ``json.loads`` reads ``body`` in (:func:`json.detect_encoding`): ``utf-8``,
+    ``utf-8-sig`` (a BOM), or a UTF-16 / UTF-32 codec."""
+    if body[:1] == b"{" and body[1:2] != b"\x00":  # what nearly every request looks like
+        return "utf-8"
+    return json.detect_encoding(body)
+
+
+def as_utf8(body: bytes) -> bytes | None:
+    """The body in UTF-8 as ``json.loads`` of bytes reads it: the body itself, without its UTF-8
+    BOM, or converted from UTF-16 / UTF-32; None when it does not decode."""
+    encoding = json_encoding(body)
+    if encoding == "utf-8":
+        return body
+    if encoding == "utf-8-sig":
+        return body[3:]
+    try:
+        return body.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    except UnicodeError:
+        return None
+
+
+def loads_exact(data: bytes, max_depth: int = MAX_DEPTH, errors: str = "strict") -> Any:
+    """The standard library's reading (exact integers), depth-bounded; ValueError when invalid.
+
+    ``errors="surrogatepass"`` reads UTF-8-encoded lone surrogates as ``json.loads`` of bytes
+    does (a request's reading, as the engines parse it)."""
     if nesting_depth_exceeds(data, max_depth):
         raise ValueError(f"JSON nested deeper than {max_depth} levels")
     try:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(data.decode("utf-8", errors))
     except RecursionError as exc:  # not reached below MAX_DEPTH; kept so no input can escape
         raise ValueError("JSON nested too deep") from exc
 

@@ -12,11 +12,13 @@ work is C-speed (``bytes`` methods; Python only per long token or per chunk of b
   :func:`~exporter.core.jsondepth.low_point`) and the chunk where it ends halved, then walked;
 - past :data:`MAX_MEMBERS` top-level members: jumps to where a wanted key could be spelled.
 
-For valid JSON the result equals a full parse (the last of duplicate keys wins, as in
-``json.loads``); a body is parsed whole only when it has more than :data:`MAX_MEMBERS` top-level
-members and more than ``_JUMPS`` places to jump to.  A body that is not valid JSON gets whatever
-the scan could read, or nothing: the upstream answers such a body with HTTP 400 whatever the
-proxy thinks of it.
+The body is read as the engines read it, by ``json.loads`` of its bytes: UTF-8 (a leading BOM
+skipped), or UTF-16 / UTF-32 as :func:`json.detect_encoding` finds them
+(:func:`~exporter.core.jsondepth.as_utf8`).  For valid JSON the result equals a full parse (the
+last of duplicate keys wins, as in ``json.loads``); a body is parsed whole only when it has more
+than :data:`MAX_MEMBERS` top-level members and more than ``_JUMPS`` places to jump to.  A body
+that is not valid JSON gets whatever the scan could read, or nothing: the upstream answers such
+a body with HTTP 400 whatever the proxy thinks of it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.core.jsondepth import blank_escapes, loads_exact, low_point, safe_cut, structure_marks
+from exporter.core.jsondepth import as_utf8, blank_escapes, loads_exact, low_point, safe_cut, structure_marks
 
 __all__ = ["MAX_MEMBERS", "MAX_MODEL_CHARS", "RequestSpec", "top_level_members"]
 
@@ -331,7 +333,7 @@ def _parsed_members(body: bytes) -> dict[str, Any] | None:
     """The full-parse path (rare: see :func:`_scan`), by the standard library: exact integers
     at any depth, where orjson would read one over 64 bits as a float."""
     try:
-        doc = loads_exact(body)
+        doc = loads_exact(body, errors="surrogatepass")
     except ValueError:
         return None
     return {k: v for k, v in doc.items() if k in WANTED} if isinstance(doc, dict) else None
@@ -339,6 +341,10 @@ def _parsed_members(body: bytes) -> dict[str, Any] | None:
 
 def top_level_members(body: bytes) -> dict[str, Any] | None:
     """The wanted members of the body's top-level object, decoded; None when it is not one."""
+    text = as_utf8(body)
+    if text is None:
+        return None
+    body = text
     try:
         raw = _scan(body)
     except _TooWide:
@@ -350,7 +356,7 @@ def top_level_members(body: bytes) -> dict[str, Any] | None:
         if len(value) > _MAX_MEMBER_BYTES:
             continue
         try:
-            members[key] = loads_exact(value)
+            members[key] = loads_exact(value, errors="surrogatepass")
         except ValueError:
             continue
     return members

@@ -11,7 +11,11 @@ Noise beside each median of rounds (:func:`median_of_rounds`):
   each round are resampled with replacement (the round's duration kept), each round's
   figure recomputed, and the median over rounds taken, :data:`BOOTSTRAP_RESAMPLES` times
   with a fixed seed (so a table is reproducible); the interval is the 2.5th to 97.5th
-  percentile of those medians.
+  percentile of those medians.  An interval of zero width (resampling cannot move the figure,
+  e.g. fixed-length outputs without failures) is None: it is no interval.
+
+Judging: by default every record is judged by the ``slo`` given; with ``own_slo=True`` a record
+that carries its own ``slo`` (``{"ttft_s", "tpot_s"}``, as the proxy writes it) is judged by that.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Protocol
 
 from .slo import slo_result
 
-__all__ = ["percentile", "median", "round_row", "median_of_rounds", "SloLike", "MEDIAN_KEYS",
+__all__ = ["percentile", "median", "round_row", "median_of_rounds", "nonzero_interval", "SloLike", "MEDIAN_KEYS",
            "BOOTSTRAP_RESAMPLES", "MIN_BOOTSTRAP_REQUESTS"]
 
 #: Resamples per bootstrap interval, and the fewest requests (all rounds) that get one.
@@ -75,11 +79,19 @@ def _reasons(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return reasons
 
 
+def _thresholds(record: Mapping[str, Any], slo: SloLike, own_slo: bool) -> tuple[float, float]:
+    """(TTFT, TPOT) thresholds that judge a record: its own ``slo`` when asked and present."""
+    own = record.get("slo") if own_slo else None
+    if isinstance(own, Mapping) and own.get("ttft_s") is not None and own.get("tpot_s") is not None:
+        return float(own["ttft_s"]), float(own["tpot_s"])
+    return slo.ttft_s, slo.tpot_s
+
+
 def _slo_figures(records: Sequence[Mapping[str, Any]], ok: Sequence[Mapping[str, Any]],
-                 duration_s: float, slo: SloLike) -> dict[str, Any]:
+                 duration_s: float, slo: SloLike, own_slo: bool = False) -> dict[str, Any]:
     """SLO attainment and goodput: met / judged, judged = all but client_abort."""
     total = len(records)
-    results = [slo_result(r.get("ttft_s"), r.get("tpot_s"), slo.ttft_s, slo.tpot_s) for r in ok]
+    results = [slo_result(r.get("ttft_s"), r.get("tpot_s"), *_thresholds(r, slo, own_slo)) for r in ok]
     ttft_met = sum(1 for x in results if x in ("met", "tpot_missed"))
     tpot_met = sum(1 for x in results if x in ("met", "ttft_missed"))
     met = [r for r, x in zip(ok, results) if x == "met"]
@@ -98,13 +110,14 @@ def _slo_figures(records: Sequence[Mapping[str, Any]], ok: Sequence[Mapping[str,
 
 
 def round_row(records: Sequence[Mapping[str, Any]], duration_s: float | None = None, *,
-              slo: SloLike) -> dict[str, Any]:
+              slo: SloLike, own_slo: bool = False) -> dict[str, Any]:
     """One round's table row from its request records.
 
     Throughput is success output tokens over the round's duration; failed requests stay
     in the denominator of the success rate and in the duration.  SLO attainment counts a
     failed request as a miss; TPOT attainment of a 1-token success counts as met.  Goodput
     ratio = requests that met the SLO / judged requests (every outcome but client_abort).
+    ``own_slo``: judge a record that carries its own ``slo`` by it (see the module doc).
     """
     ok = [r for r in records if r.get("outcome") == "success"]
     total = len(records)
@@ -128,7 +141,7 @@ def round_row(records: Sequence[Mapping[str, Any]], duration_s: float | None = N
         "tpot_p50_s": percentile(tpot, 50),
         "tpot_p95_s": percentile(tpot, 95),
         "e2e_p95_s": percentile(e2e, 95),
-        **_slo_figures(records, ok, duration_s, slo),
+        **_slo_figures(records, ok, duration_s, slo, own_slo),
     }
 
 
@@ -147,13 +160,13 @@ def _spread(rows: Sequence[Mapping[str, Any]], key: str) -> list[float] | None:
 
 
 def _bootstrap(rows: Sequence[Mapping[str, Any]], rounds_records: Sequence[Sequence[Mapping[str, Any]]],
-               slo: SloLike) -> dict[str, list[float] | None]:
+               slo: SloLike, own_slo: bool = False) -> dict[str, list[float] | None]:
     """Bootstrap 95% interval of the median over rounds of each key (see the module doc)."""
     rng = random.Random(_SEED)
     keys = [k for k in MEDIAN_KEYS if k not in _NO_CI]
     medians: dict[str, list[float]] = {k: [] for k in keys}
     for _ in range(BOOTSTRAP_RESAMPLES):
-        resampled = [round_row(rng.choices(recs, k=len(recs)), row["duration_s"], slo=slo)
+        resampled = [round_row(rng.choices(recs, k=len(recs)), row["duration_s"], slo=slo, own_slo=own_slo)
                      for row, recs in zip(rows, rounds_records) if recs]
         for k in keys:
             m = median(r.get(k) for r in resampled)
@@ -163,18 +176,25 @@ def _bootstrap(rows: Sequence[Mapping[str, Any]], rounds_records: Sequence[Seque
     for k, ms in medians.items():
         if len(ms) >= BOOTSTRAP_RESAMPLES // 2:
             lo, hi = percentile(ms, 2.5), percentile(ms, 97.5)
-            out[k] = [lo, hi] if lo is not None and hi is not None else None
+            out[k] = nonzero_interval(lo, hi)
     return out
+
+
+def nonzero_interval(lo: float | None, hi: float | None) -> list[float] | None:
+    """``[lo, hi]``, or None when a bound is missing or the interval has zero width (no interval)."""
+    if lo is None or hi is None or not hi > lo:
+        return None
+    return [lo, hi]
 
 
 def median_of_rounds(rows: Sequence[Mapping[str, Any]],
                      rounds_records: Sequence[Sequence[Mapping[str, Any]]] | None = None, *,
-                     slo: SloLike | None = None) -> dict[str, Any]:
+                     slo: SloLike | None = None, own_slo: bool = False) -> dict[str, Any]:
     """Median of each figure over rounds; request and success counts add up.
 
     Beside the medians: ``spread`` {key: [min, max] over rounds} and ``ci95`` {key: [lo, hi]
     or None}; the interval needs ``rounds_records`` (each row's records, in order), ``slo``
-    and at least :data:`MIN_BOOTSTRAP_REQUESTS` requests in all.
+    and at least :data:`MIN_BOOTSTRAP_REQUESTS` requests in all; ``own_slo`` as for :func:`round_row`.
     """
     out: dict[str, Any] = {
         "rounds": len(rows),
@@ -191,7 +211,7 @@ def median_of_rounds(rows: Sequence[Mapping[str, Any]],
     enough = rounds_records is not None and slo is not None and len(rounds_records) == len(rows) \
         and sum(len(x) for x in rounds_records) >= MIN_BOOTSTRAP_REQUESTS
     if enough and rounds_records is not None and slo is not None:
-        out["ci95"] = _bootstrap(rows, rounds_records, slo)
+        out["ci95"] = _bootstrap(rows, rounds_records, slo, own_slo)
     else:
         out["ci95"] = {key: None for key in MEDIAN_KEYS}
     return out

@@ -9,14 +9,17 @@ Both are pure and incremental; neither holds more than one event.
 from __future__ import annotations
 
 import json
+import sys
 
-from exporter.core.jsondepth import loads
+from exporter.core.jsondepth import json_encoding, loads
 from exporter.core.request import RequestSpec, top_level_members
 
 __all__ = ["inject_usage", "UsageEventFilter", "is_usage_only"]
 
 _WS = b" \t\r\n"
 _BOM = b"\xef\xbb\xbf"
+#: What the filter counts for each held line beyond its bytes: the object's header and list slot.
+LINE_COST = sys.getsizeof(b"") + 16
 
 
 def inject_usage(body: bytes, spec: RequestSpec) -> bytes | None:
@@ -35,8 +38,8 @@ def inject_usage(body: bytes, spec: RequestSpec) -> bytes | None:
     duplicate key, before pydantic validates it.  The other keys of the client's
     ``stream_options`` are copied into the new one.
     """
-    if not spec.stream or spec.wants_usage:
-        return None
+    if not spec.stream or spec.wants_usage or json_encoding(body) not in ("utf-8", "utf-8-sig"):
+        return None  # (a UTF-16 or UTF-32 body would need the member in its own encoding)
     members = top_level_members(body)
     if members is None:
         return None
@@ -94,7 +97,9 @@ class UsageEventFilter:
     (also those inside a dropped event), other events, ``[DONE]``, blank lines, line endings
     ``\\n``, ``\\r\\n`` and ``\\r`` (also a CRLF split across reads), a leading BOM.  Bytes are
     held only while they may belong to a usage-only event: the current event, at most
-    ``max_event_bytes``; past that the event passes through unjudged.
+    ``max_event_bytes`` of memory (its lines as received, terminators included, plus
+    :data:`LINE_COST` per line; the blank line that ends it is not held); past that the event
+    passes through unjudged.  The output does not depend on how the stream is split into reads.
     """
 
     __slots__ = ("_max", "_line", "_line_len", "_block", "_size", "_passing", "_cr_dest", "_start")
@@ -161,6 +166,13 @@ class UsageEventFilter:
         self._reset()
         return bytes(out)
 
+    def held_bytes(self) -> int:
+        """Memory held between reads, object headers and buffer slack included (as
+        :func:`sys.getsizeof` counts it): at most ``max_event_bytes`` plus an eighth of the
+        current line (a growing buffer's slack) and a few hundred bytes."""
+        block = self._block
+        return sys.getsizeof(self._line) + sys.getsizeof(block) + sum(map(sys.getsizeof, block))
+
     # -- internals -------------------------------------------------------------------------
 
     def _reset(self) -> None:
@@ -168,11 +180,22 @@ class UsageEventFilter:
         self._size = 0
         self._passing = False
 
+    def _let_through(self, out: bytearray) -> None:
+        """The current event is too big to hold: what is held goes out, the rest passes."""
+        out += b"".join(self._block)
+        out += self._line
+        self._line.clear()
+        self._block = []
+        self._passing = True
+
     def _place_lf(self, out: bytearray) -> None:
         if self._cr_dest == "out":
             out += b"\n"
         elif self._cr_dest == "held" and self._block:
             self._block[-1] += b"\n"
+            self._size += 1  # counted as if it had come with its CR: the split changes nothing
+            if self._size > self._max:
+                self._let_through(out)
 
     def _partial(self, piece: bytes, out: bytearray, complete: bool = False) -> None:
         """Bytes of the current line; ``complete`` when they end with its terminator."""
@@ -181,12 +204,8 @@ class UsageEventFilter:
             out += piece
         else:
             self._line += piece
-            if self._size + len(self._line) > self._max:  # too big to judge: let it through
-                out += b"".join(self._block)
-                out += self._line
-                self._line.clear()
-                self._block = []
-                self._passing = True
+            if self._line_len and self._size + len(self._line) + LINE_COST > self._max:
+                self._let_through(out)  # too big to judge (a blank line is never held)
         if complete:
             self._end_line(out)
 
@@ -205,7 +224,7 @@ class UsageEventFilter:
             out += line
         else:
             self._block.append(line)
-            self._size += len(line)
+            self._size += len(line) + LINE_COST
             dest = "held"
         if self._cr_dest == "pending":
             self._cr_dest = dest

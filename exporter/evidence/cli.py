@@ -7,10 +7,11 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from exporter import __version__
 
-from dashboards.catalogue import BOARDS
+from dashboards.catalogue import BOARDS, MIXIN
 from .decode import decode_capture, format_row
 from .export import DEFAULT_STEP_S, GRAFANA_TOKEN_ENV, TARGET_POINTS, ExportError, export
 from .merge import MergeError, load_many
@@ -36,7 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         prom = _prom(args)
         window = parse_window(args.window, prom=prom, records=Path(args.records) if args.records else None)
         manifest = export(prom, window, Path(args.out), boards=args.boards, step=args.step, grafana=args.grafana,
-                          force=args.force)
+                          force=args.force, job=args.job)
     except (ValueError, WindowError, ExportError, PromError) as exc:
         return _fail(str(exc))
     backend = manifest["prometheus"]["backend"]
@@ -58,22 +59,44 @@ def cmd_decode(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def _one_line(exc: Exception) -> str:
+    """A config error (one line per bad field) as one line."""
+    return "; ".join(x.strip() for x in str(exc).splitlines() if x.strip())
+
+
+def _judge_config(args: argparse.Namespace) -> Any:
+    """The proxy config given by ``--config`` (its slo and slo_by_scenario judge older records)."""
+    if not getattr(args, "config", None):
+        return None
+    from exporter.proxy.config import load_config
+
+    return load_config(args.config)
+
+
 def cmd_summarize(args: argparse.Namespace) -> int:
+    from exporter.proxy.config import ConfigError
+
+    from .experiment import parse_expect
+    from .runs import RunError
     from .summarize import summarize, write_summary
 
     if len(args.records) > 1 and not args.out:
         return _fail("several --records need --out DIR for the merged tables")
     try:
+        expect = parse_expect(args.expect) if args.expect else None
+        config = _judge_config(args)
         records, notes = load_many([Path(p) for p in args.records])
         if not records:
             return _fail(f"no records in {', '.join(args.records)}")
         prom = _prom(args) if args.prometheus else None
-        summary = summarize(records, prom)
+        summary = summarize(records, prom, config=config, config_path=args.config, run=args.run, expect=expect)
         if len(args.records) > 1:
             summary["sources"] = notes
         out = Path(args.out) if args.out else Path(args.records[0]) / "summary"
         paths = write_summary(summary, out)
-    except (MergeError, OutDirError, PromError, ValueError) as exc:
+    except ConfigError as exc:
+        return _fail(_one_line(exc))
+    except (MergeError, OutDirError, PromError, RunError, ValueError) as exc:
         return _fail(str(exc))
     print((out / "summary.md").read_text(encoding="utf-8"))
     print("written: " + ", ".join(str(p) for p in paths))
@@ -81,11 +104,16 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from exporter.proxy.config import ConfigError
+
     from .compare import CompareError, compare_dirs
 
     try:
         result = compare_dirs(Path(args.a), Path(args.b), Path(args.out), args.label_a, args.label_b,
-                              engine_a=args.engine_a, engine_b=args.engine_b)
+                              engine_a=args.engine_a, engine_b=args.engine_b, run_a=args.run_a, run_b=args.run_b,
+                              config=_judge_config(args), config_path=args.config)
+    except ConfigError as exc:
+        return _fail(_one_line(exc))
     except (CompareError, MergeError, OutDirError) as exc:
         return _fail(str(exc))
     print((Path(args.out) / "compare.md").read_text(encoding="utf-8"))
@@ -120,7 +148,44 @@ def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                         "Prometheus (default: none, scenario windows from Prometheus)")
     e.add_argument("--grafana", metavar="URL",
                    help=f"Grafana URL: also fetch its PNGs, token in ${GRAFANA_TOKEN_ENV} (default: none)")
+    e.add_argument("--job", metavar="NAME",
+                   help=f"the Prometheus job that scrapes the proxies (default: {MIXIN.job}); an export "
+                        "that finds nothing says under which job Prometheus has the proxies' series")
     e.set_defaults(func=cmd_export)
+
+
+_CONFIG_HELP = ("the proxy's config (YAML): its slo and slo_by_scenario judge records that carry no slo of "
+                "their own, written by an older proxy (default: none, such records are judged by the default SLO)")
+
+
+def _summarize_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser("summarize", help="round tables from requests.jsonl; several --records merge exactly")
+    s.add_argument("--records", required=True, action="append", metavar="DIR",
+                   help="records directory or requests.jsonl, repeatable: the union of the requests is summarized")
+    _prom_options(s, required=False)
+    s.add_argument("--out", metavar="DIR", help="output directory (default: RECORDS/summary; needed with several --records)")
+    s.add_argument("--run", metavar="ID", help="only this run's records (a run_id; default: every run, each in rows "
+                                               "of its own, never merged)")
+    s.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
+    s.add_argument("--expect", metavar="LOAD", help="the load the rounds should have had: poisson:RATE (req/s) or "
+                                                    "closed:C (in flight); each round says whether it matched "
+                                                    "(default: none)")
+    s.set_defaults(func=cmd_summarize)
+
+
+def _compare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    c = sub.add_parser("compare", help="compare two runs per scenario and metric, with a noise verdict")
+    c.add_argument("a", metavar="A", help="records directory (or requests.jsonl) of run A")
+    c.add_argument("b", metavar="B", help="records directory (or requests.jsonl) of run B")
+    c.add_argument("--out", required=True, metavar="DIR", help="output directory (compare.md, compare.csv, PNGs)")
+    c.add_argument("--label-a", default="A", metavar="NAME", help="name of run A; picks that engine when A holds several (default: A)")
+    c.add_argument("--label-b", default="B", metavar="NAME", help="name of run B; picks that engine when B holds several (default: B)")
+    c.add_argument("--engine-a", metavar="ENGINE", help="only this engine's records of A (default: the label's, or all)")
+    c.add_argument("--engine-b", metavar="ENGINE", help="only this engine's records of B (default: the label's, or all)")
+    c.add_argument("--run-a", metavar="ID", help="the run of A, where A holds several (default: its only run)")
+    c.add_argument("--run-b", metavar="ID", help="the run of B, where B holds several (default: its only run)")
+    c.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
+    c.set_defaults(func=cmd_compare)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,21 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true",
                    help="print one JSON document with every capture's verdict and checks (default: one line each)")
     d.set_defaults(func=cmd_decode)
-    s = sub.add_parser("summarize", help="round tables from requests.jsonl; several --records merge exactly")
-    s.add_argument("--records", required=True, action="append", metavar="DIR",
-                   help="records directory or requests.jsonl, repeatable: the union of the requests is summarized")
-    _prom_options(s, required=False)
-    s.add_argument("--out", metavar="DIR", help="output directory (default: RECORDS/summary; needed with several --records)")
-    s.set_defaults(func=cmd_summarize)
-    c = sub.add_parser("compare", help="compare two runs per scenario and metric, with a noise verdict")
-    c.add_argument("a", metavar="A", help="records directory (or requests.jsonl) of run A")
-    c.add_argument("b", metavar="B", help="records directory (or requests.jsonl) of run B")
-    c.add_argument("--out", required=True, metavar="DIR", help="output directory (compare.md, compare.csv, PNGs)")
-    c.add_argument("--label-a", default="A", metavar="NAME", help="name of run A; picks that engine when A holds several (default: A)")
-    c.add_argument("--label-b", default="B", metavar="NAME", help="name of run B; picks that engine when B holds several (default: B)")
-    c.add_argument("--engine-a", metavar="ENGINE", help="only this engine's records of A (default: the label's, or all)")
-    c.add_argument("--engine-b", metavar="ENGINE", help="only this engine's records of B (default: the label's, or all)")
-    c.set_defaults(func=cmd_compare)
+    _summarize_parser(sub)
+    _compare_parser(sub)
     return p
 
 

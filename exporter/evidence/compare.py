@@ -2,7 +2,10 @@
 
 The value of each run is the median over rounds of each round's figure, as in the round
 tables; beside it the rounds' spread (min–max) and, with enough requests, a bootstrap 95%
-interval; the delta is (B − A) / A in per cent; the verdict follows :data:`noise.RULE`.
+interval; the delta is (B − A) / A in per cent; the verdict follows :data:`noise.RULE`: no
+verdict with one round on a side, none when the two sides ran different loads (and why).
+Each side is one run (``run_a``/``run_b`` pick one where a directory holds several); each
+record is judged by its own SLO, older ones by ``config`` or the default.
 
 A run's records may hold several engines (one proxy in front of both): the run's label, or
 ``engine_a``/``engine_b``, picks one, so ``compare_dirs(d, d, out, "sglang", "vllm")`` compares
@@ -17,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.proxy.config import DEFAULT_SLO
+from exporter.proxy.config import Config
 
 from .merge import load_records
-from .noise import METRICS, RULE, delta_pct, fmt_delta, fmt_noise, verdict
+from .noise import METRICS, RULE, delta_pct, fmt_delta, fmt_noise, judged_verdict
 from .outdir import make_dir
+from .runs import RunError, runs_in
 from .summarize import summarize
-from .summary_md import md_table
+from .summary_md import PROXY_SIDE, md_table, title_of
 
 __all__ = ["compare_dirs", "compare_runs", "load_run", "CompareError", "Run"]
 
@@ -38,29 +42,49 @@ class Run:
     path: Path
     engines: tuple[str, ...]
     medians: dict[tuple[str, str], dict[str, Any]]  # (engine, scenario) -> median of rounds
+    run_id: str = ""
+    slo_text: str = ""
 
 
-def load_run(path: Path, label: str, engine: str | None) -> Run:
+def _one_run(records: list[dict[str, Any]], path: Path, flag: str, run: str | None) -> str:
+    """The run a side stands for: ``run``, or the only one there; several without a pick are refused."""
+    runs = runs_in(records)
+    if run is not None:
+        if run not in runs:
+            raise CompareError(f"{flag} {run}: no records of that run in {path} (runs there: {', '.join(runs)})")
+        return run
+    if len(runs) > 1:
+        raise CompareError(f"{path} holds {len(runs)} runs ({', '.join(runs)}): runs never mix, pick one with {flag} ID")
+    return runs[0] if runs else ""
+
+
+def load_run(path: Path, label: str, engine: str | None, *, run: str | None = None, flag: str = "--run-a",
+             config: Config | None = None, config_path: Path | str | None = None) -> Run:
     records = load_records(path)
+    run_id = _one_run(records, path, flag, run)
     present = sorted({str(r.get("engine")) for r in records})
     pick = engine or (label if label in present and len(present) > 1 else None)
     if pick is not None:
         if pick not in present:
             raise CompareError(f"engine {pick!r} is not in {path} (engines there: {', '.join(present) or 'none'})")
         records = [r for r in records if r.get("engine") == pick]
-    medians = {(m["engine"], m["scenario"]): m for m in summarize(records, slo=DEFAULT_SLO)["medians"]}
+    try:
+        summary = summarize(records, config=config, config_path=config_path, run=run_id or None)
+    except RunError as exc:
+        raise CompareError(str(exc)) from None
+    medians = {(m["engine"], m["scenario"]): m for m in summary["medians"]}
     if not medians:
         raise CompareError(f"no measured rounds in {path} (warm-up rounds are left out)")
-    return Run(label, path, tuple(sorted({e for e, _ in medians})), medians)
+    return Run(label, path, tuple(sorted({e for e, _ in medians})), medians, run_id, summary["slo_source"]["text"])
 
 
 def _pairs(a: Run, b: Run) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(scenario or engine/scenario, median A, median B) for every cell both runs have."""
+    """(scenario or engine/scenario, median A, median B) for every cell both runs have, in A's plan order."""
     if len(a.engines) == 1 and len(b.engines) == 1:
         ma = {s: m for (_, s), m in a.medians.items()}
         mb = {s: m for (_, s), m in b.medians.items()}
-        return [(s, ma[s], mb[s]) for s in sorted(ma) if s in mb]
-    return [(f"{e}/{s}", a.medians[(e, s)], b.medians[(e, s)]) for (e, s) in sorted(a.medians) if (e, s) in b.medians]
+        return [(s, ma[s], mb[s]) for s in ma if s in mb]
+    return [(f"{e}/{s}", a.medians[(e, s)], b.medians[(e, s)]) for (e, s) in a.medians if (e, s) in b.medians]
 
 
 def compare_runs(a: Run, b: Run) -> list[dict[str, Any]]:
@@ -68,13 +92,15 @@ def compare_runs(a: Run, b: Run) -> list[dict[str, Any]]:
     for cell, ma, mb in _pairs(a, b):
         for metric in METRICS:
             va, vb = ma.get(metric.key), mb.get(metric.key)
+            verdict, why = judged_verdict(ma, mb, metric)
             rows.append({
                 "scenario": cell, "metric": metric.key, "engine_a": ma["engine"], "engine_b": mb["engine"],
                 "rounds_a": ma["rounds"], "rounds_b": mb["rounds"], "value_a": va, "value_b": vb,
                 "delta_pct": delta_pct(va, vb),
                 "spread_a": ma["spread"].get(metric.key), "spread_b": mb["spread"].get(metric.key),
                 "ci95_a": ma["ci95"].get(metric.key), "ci95_b": mb["ci95"].get(metric.key),
-                "verdict": verdict(ma, mb, metric),
+                "verdict": verdict, "why": why, "load_a": ma.get("load_verdict"), "load_b": mb.get("load_verdict"),
+                "offered_rate_a_rps": ma.get("offered_rate_rps"), "offered_rate_b_rps": mb.get("offered_rate_rps"),
                 "cell_a": {"rounds": ma["rounds"], "spread": ma["spread"], "ci95": ma["ci95"], metric.key: va},
                 "cell_b": {"rounds": mb["rounds"], "spread": mb["spread"], "ci95": mb["ci95"], metric.key: vb},
             })
@@ -84,7 +110,8 @@ def compare_runs(a: Run, b: Run) -> list[dict[str, Any]]:
 def _csv(path: Path, rows: list[dict[str, Any]], a: Run, b: Run) -> None:
     cols = ["scenario", "metric", "label_a", "label_b", "engine_a", "engine_b", "rounds_a", "rounds_b", "value_a",
             "value_b", "delta_pct", "spread_a_min", "spread_a_max", "spread_b_min", "spread_b_max",
-            "ci95_a_lo", "ci95_a_hi", "ci95_b_lo", "ci95_b_hi", "verdict"]
+            "ci95_a_lo", "ci95_a_hi", "ci95_b_lo", "ci95_b_hi", "verdict", "why", "load_a", "load_b",
+            "offered_rate_a_rps", "offered_rate_b_rps"]
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, cols, extrasaction="ignore")
         w.writeheader()
@@ -98,37 +125,45 @@ def _csv(path: Path, rows: list[dict[str, Any]], a: Run, b: Run) -> None:
 
 def _markdown(rows: list[dict[str, Any]], a: Run, b: Run, pngs: list[Path]) -> str:
     lines = [f"# {b.label} against {a.label}", "",
-             f"- A = **{a.label}**: `{a.path}` (engines: {', '.join(a.engines)})",
-             f"- B = **{b.label}**: `{b.path}` (engines: {', '.join(b.engines)})",
-             "- Value of a run: the median over rounds of each round's figure; beside it [min–max over rounds] "
-             "and (CI lo–hi), a bootstrap 95% interval of the median where there are enough requests.",
+             f"- Measured {PROXY_SIDE} of each run.",
+             f"- A = **{a.label}**: `{a.path}` (run {a.run_id or '-'}; engines: {', '.join(a.engines)}); {a.slo_text}",
+             f"- B = **{b.label}**: `{b.path}` (run {b.run_id or '-'}; engines: {', '.join(b.engines)}); {b.slo_text}",
+             "- Value of a run: the median over rounds of each round's figure, in ms, % or tok/s; beside it "
+             "[min–max over rounds] and (CI lo–hi), a bootstrap 95% interval of the median where there are "
+             "enough requests.",
              "- Delta: (B − A) / A in per cent.", f"- Verdict rule: {RULE}", ""]
     fmt = {"A": lambda r, _: fmt_noise(r["cell_a"], r["metric"]), "B": lambda r, _: fmt_noise(r["cell_b"], r["metric"]),
-           "delta_pct": fmt_delta}
+           "delta_pct": fmt_delta, "metric": lambda r, _: title_of(r["metric"])}
     for cell in dict.fromkeys(r["scenario"] for r in rows):
-        lines += [f"## {cell}", ""]
-        lines += md_table([r for r in rows if r["scenario"] == cell], ["metric", "A", "B", "delta_pct", "verdict"], fmt)
+        first = next(r for r in rows if r["scenario"] == cell)
+        lines += [f"## {cell}", "", f"Load: A {first['load_a']}, B {first['load_b']}.", ""]
+        lines += md_table([r for r in rows if r["scenario"] == cell],
+                          ["metric", "A", "B", "delta_pct", "verdict", "why"], fmt)
         lines.append("")
     lines += ["Charts: " + ", ".join(f"`{p.name}`" for p in pngs), ""]
     return "\n".join(lines)
 
 
 def compare_dirs(a: Path, b: Path, out: Path, label_a: str = "A", label_b: str = "B", *,
-                 engine_a: str | None = None, engine_b: str | None = None) -> dict[str, Any]:
+                 engine_a: str | None = None, engine_b: str | None = None, run_a: str | None = None,
+                 run_b: str | None = None, config: Config | None = None,
+                 config_path: Path | str | None = None) -> dict[str, Any]:
     """Compare two records directories; writes compare.md, compare.csv and one PNG per metric
     under ``out``; returns {"rows", "files"}.  Raises CompareError, MergeError, OutDirError."""
     from .compare_plot import plot_metric
 
-    run_a, run_b = load_run(Path(a), label_a, engine_a), load_run(Path(b), label_b, engine_b)
-    rows = compare_runs(run_a, run_b)
+    judge: dict[str, Any] = {"config": config, "config_path": config_path}
+    side_a = load_run(Path(a), label_a, engine_a, run=run_a, flag="--run-a", **judge)
+    side_b = load_run(Path(b), label_b, engine_b, run=run_b, flag="--run-b", **judge)
+    rows = compare_runs(side_a, side_b)
     if not rows:
         raise CompareError(f"{label_a} and {label_b} share no scenario: nothing to compare")
     make_dir(out)
-    sides = (run_a.label, run_a.engines), (run_b.label, run_b.engines)
+    sides = (side_a.label, side_a.engines), (side_b.label, side_b.engines)
     pngs = [plot_metric([r for r in rows if r["metric"] == m.key], m, *sides, out / f"{m.key}.png")
             for m in METRICS]
     csv_path, md_path = out / "compare.csv", out / "compare.md"
-    _csv(csv_path, rows, run_a, run_b)
-    md_path.write_text(_markdown(rows, run_a, run_b, pngs), encoding="utf-8")
+    _csv(csv_path, rows, side_a, side_b)
+    md_path.write_text(_markdown(rows, side_a, side_b, pngs), encoding="utf-8")
     clean = [{k: v for k, v in r.items() if k not in ("cell_a", "cell_b")} for r in rows]
     return {"rows": clean, "files": [md_path, csv_path, *pngs]}

@@ -37,6 +37,14 @@ def _bars(ax: Any, rows: list[dict[str, Any]], side: str, x: list[float], color:
     ax.errorbar(x, values, yerr=[lo, hi], fmt="none", ecolor="#333333", capsize=4, linewidth=1)
 
 
+def _y_from_zero(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Bars from 0; where every value and whisker is 0 (no failures), 0 at the bottom of a unit axis,
+    not in the middle of matplotlib's -0.05..0.05."""
+    top = max([0.0] + [v for r in rows for side in "ab" for v in
+                        [r[f"value_{side}"] or 0.0, *(r[f"spread_{side}"] or [])] if v is not None])
+    ax.set_ylim(0.0, top * 1.12 if top > 0 else 1.0)
+
+
 def plot_metric(rows: list[dict[str, Any]], metric: Metric, a: tuple[str, Sequence[str]],
                 b: tuple[str, Sequence[str]], path: Path) -> Path:
     """``a`` and ``b``: each run's (label, engines)."""
@@ -50,8 +58,11 @@ def plot_metric(rows: list[dict[str, Any]], metric: Metric, a: tuple[str, Sequen
     ax.set_title(f"{metric.title} ({metric.unit or 'ratio'}; {direction}): B = {b[0]} against A = {a[0]}\n"
                  "bars: median of rounds; whiskers: min–max over rounds; below: the verdict", fontsize=9, loc="left")
     ax.grid(True, axis="y", color="#e5e5e5", linewidth=0.6)
-    ax.legend(fontsize=8, frameon=False)
-    fig.subplots_adjust(left=0.1, right=0.98, top=0.88, bottom=0.13)
+    _y_from_zero(ax, rows)
+    # beside the bars, never over them
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    width = fig.get_size_inches()[0]
+    fig.subplots_adjust(left=0.1, right=1 - 1.5 / width, top=0.88, bottom=0.13)
     fig.savefig(path, facecolor="white")
     plt.close(fig)
     return path

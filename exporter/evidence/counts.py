@@ -84,9 +84,10 @@ class ExactCounts:
     @property
     def note(self) -> str:
         if self.span is None:
-            return (f"over the window (`$__range` = {max(1, round(self.window_s))} s), restart-safe; the last point "
-                    "counts the requests between the scrapes nearest the window's start and end (to a scrape "
-                    f"interval, {self.scrape_s:g} s); {RECORDS_HINT}")
+            return (f"over the window (`$__range` = {self.window_s:.3f} s), restart-safe; the last point counts "
+                    "the requests between each proxy's last scrape at or before the window's start and its last "
+                    "one at or before the window's end: exactly the window's requests when its ends lie on "
+                    f"scrapes (else to a scrape interval, {self.scrape_s:g} s); {RECORDS_HINT}")
         text = (f"widened: the window ({self.window_s:.1f} s) is shorter than {SHORT_WINDOW_SCRAPES} scrape "
                 f"intervals ({SHORT_WINDOW_SCRAPES} × {self.scrape_s:g} s), so a count inside it would find no pair "
                 f"of scrapes or only part of the window. Each exact-count panel is {self.span.describe()}. Requests "

@@ -30,7 +30,8 @@ import requests
 
 from exporter import __version__
 
-from dashboards.catalogue import BOARDS, MIXIN, RATE_WINDOW, Board, Panel, expand
+from dashboards.catalogue import BOARDS, MIXIN, RATE_WINDOW, Board, Panel, boards_for, expand
+from dashboards.promql import job_selector
 from .counts import CountSpan, exact_counts
 from .outdir import OutDirError, check_out, prepare_out
 from .promapi import MAX_POINTS, Prometheus, PromError, parse_duration
@@ -95,7 +96,7 @@ def _evidence(prom: Prometheus, panel: Panel, window: Window, step: float, rw: s
         (span.range_s, span.at, span.at)
     for q in panel.queries:
         expr = expand(q.expr, range_s=range_s).replace(f"[{RATE_WINDOW}]", f"[{rw}]")
-        ev = QueryEvidence(q.ref, expr, q.legend, span=span)
+        ev = QueryEvidence(q.ref, expr, q.legend, span=span, first_bucket=first_bucket_bound(prom, expr, last))
         for s in prom.query_range(expr, first, last, step):
             times = [float(t) for t, _ in s["values"]]
             values = [float(v) for _, v in s["values"]]
@@ -107,11 +108,28 @@ def _evidence(prom: Prometheus, panel: Panel, window: Window, step: float, rw: s
             if nan == len(values):
                 ev.empty_series += 1
             ev.gaps += [(a, b) for a, b in zip(times, times[1:]) if b - a > 2 * step]
+            if ev.first_bucket is not None:
+                ev.in_first_bucket += sum(1 for v in values if v <= ev.first_bucket)
             if times:
                 ev.first = times[0] if ev.first is None else min(ev.first, times[0])
                 ev.last = times[-1] if ev.last is None else max(ev.last, times[-1])
         out.append(ev)
     return out
+
+
+_QUANTILE_OF = re.compile(r"^histogram_quantile\([\d.]+, .*?rate\(([^\[]+_bucket[^\[]*)\[")
+
+
+def first_bucket_bound(prom: Prometheus, expr: str, at: float) -> float | None:
+    """The lowest finite bucket bound of the histogram a ``histogram_quantile`` query reads (None
+    for any other query, or where the histogram has no series): a quantile at or below it only
+    says "below that bound" (vLLM's queue-time buckets start at 0.3 s)."""
+    m = _QUANTILE_OF.match(expr)
+    if m is None:
+        return None
+    bounds = [float(s["metric"]["le"]) for s in prom.query(f"group by (le) ({m.group(1)})", at)
+              if s["metric"].get("le") not in (None, "+Inf")]
+    return min(bounds) if bounds else None
 
 
 def _write_data(out: Path, board: str, panel: Panel, evs: list[QueryEvidence], window: Window, step: float) -> list[Path]:
@@ -130,6 +148,8 @@ def _write_data(out: Path, board: str, panel: Panel, evs: list[QueryEvidence], w
         "window": {"start": window.start, "end": window.end, "start_utc": iso(window.start), "end_utc": iso(window.end)},
         "step_s": step,
         "queries": [{"ref": ev.ref, "expr": ev.expr, "legend": ev.legend,
+                     **({"first_bucket_bound": ev.first_bucket, "points_below_first_bucket_bound": ev.in_first_bucket}
+                        if ev.first_bucket is not None else {}),
                      **({"evaluated": {"at": ev.span.at, "range_s": ev.span.range_s, "widened": True}} if ev.span else {}),
                      "series": [{"name": s["name"], "labels": s["labels"],
                                  "values": [[t, None if math.isnan(v) else v] for t, v in zip(s["times"], s["values"])]}
@@ -143,7 +163,7 @@ def _grafana(url: str, token: str, board_key: str, board: Board, window: Window,
     """Grafana's own PNG of each panel (``/render/d-solo``), light theme, same window."""
     from dashboards.boards import build
 
-    panels = build(board)["panels"]
+    panels = [p for p in build(board)["panels"] if p["type"] != "row"]
     paths = []
     for panel, built in zip(board.panels, panels):
         params = {"orgId": 1, "panelId": built["id"], "from": int(window.start * 1000), "to": int(window.end * 1000),
@@ -170,26 +190,36 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _query_all(prom: Prometheus, names: list[str], window: Window, step: float, rw: str, span: CountSpan | None,
-               progress: bool) -> dict[str, dict[str, list[QueryEvidence]]]:
+def _query_all(prom: Prometheus, boards: dict[str, Board], window: Window, step: float, rw: str,
+               span: CountSpan | None, progress: bool) -> dict[str, dict[str, list[QueryEvidence]]]:
     results: dict[str, dict[str, list[QueryEvidence]]] = {}
-    total = sum(len(BOARDS[b].panels) for b in names)
+    total = sum(len(b.panels) for b in boards.values())
     done = 0
-    for b in names:
-        results[b] = {}
-        for panel in BOARDS[b].panels:
+    for name, board in boards.items():
+        results[name] = {}
+        for panel in board.panels:
             exact = panel_kind(panel) == "exact-count"
-            results[b][panel.key] = _evidence(prom, panel, window, step, rw, span if exact else None)
+            results[name][panel.key] = _evidence(prom, panel, window, step, rw, span if exact else None)
             done += 1
             if progress:
                 sys.stderr.write(f"\rquerying panels {done}/{total}")
                 sys.stderr.flush()
     if progress:
         sys.stderr.write("\n")
-    if not any(ev.points - ev.nan for panels in results.values() for evs in panels.values() for ev in evs):
-        raise ExportError(f"no samples in the window {iso(window.start)} to {iso(window.end)}: every panel is empty; "
-                          "check the window and that the backend scraped (or received) the exporter then")
     return results
+
+
+def _no_samples(prom: Prometheus, window: Window, job: str | None) -> ExportError:
+    """Every panel empty: say which selector was used, and where Prometheus has the proxies' series."""
+    selector = job_selector(job)
+    found = sorted({s["metric"].get("job", "") for s in prom.query(
+        'group by (job) ({__name__=~"llmbench_.+"})', window.end)} - {job or MIXIN.job})
+    where = (f"Prometheus has llmbench_ series then under job {', '.join(repr(j) for j in found)}: "
+             f"pass --job {found[0]}" if found else
+             "Prometheus has no llmbench_ series under any job then: check the window and that the backend "
+             "scraped (or received) the exporter")
+    return ExportError(f"no samples in the window {iso(window.start)} to {iso(window.end)}: every panel is empty "
+                       f"with the proxies' selector {{{selector}}}; {where}")
 
 
 def _grafana_token(grafana: str | None) -> str | None:
@@ -201,14 +231,14 @@ def _grafana_token(grafana: str | None) -> str | None:
     return token
 
 
-def _write_all(out: Path, results: dict[str, dict[str, list[QueryEvidence]]], window: Window, step: float,
-               rw: str, grafana: str | None, token: str | None) -> list[Path]:
+def _write_all(out: Path, boards: dict[str, Board], results: dict[str, dict[str, list[QueryEvidence]]],
+               window: Window, step: float, rw: str, grafana: str | None, token: str | None) -> list[Path]:
     files: list[Path] = []
     for b, panels in results.items():
-        board = BOARDS[b]
+        board = boards[b]
         for panel in board.panels:
             files += _write_data(out, b, panel, panels[panel.key], window, step)
-        data = {key: [s for ev in evs for s in ev.series] for key, evs in panels.items()}
+        data = {key: [{**s, "ref": ev.ref} for ev in evs for s in ev.series] for key, evs in panels.items()}
         files.append(render_board(board, data, (window.start, window.end), out / f"{b}.png",
                                   subtitle=f"step {step:g} s, rate window {rw}"))
         if grafana and token:
@@ -217,8 +247,10 @@ def _write_all(out: Path, results: dict[str, dict[str, list[QueryEvidence]]], wi
 
 
 def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
-           grafana: str | None = None, progress: bool | None = None, force: bool = False) -> dict[str, Any]:
-    """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message."""
+           grafana: str | None = None, progress: bool | None = None, force: bool = False,
+           job: str | None = None) -> dict[str, Any]:
+    """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message.
+    ``job``: the Prometheus job of the proxies (default: the mixin's, ``llmbench-exporter``)."""
     progress = sys.stderr.isatty() if progress is None else progress
     names = boards or list(BOARDS)
     unknown = [b for b in names if b not in BOARDS]
@@ -238,16 +270,20 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     intervals = prom.scrape_intervals()
     step, step_note = choose_step(window, min(intervals.values()) if intervals else None, step)
     rw = rate_window(max(intervals.values(), default=DEFAULT_STEP_S))
-    counts = exact_counts(window, intervals.get(MIXIN.job) or max(intervals.values(), default=step))
-    results = _query_all(prom, names, window, step, rw, counts.span, progress)
+    counts = exact_counts(window, intervals.get(job or MIXIN.job) or max(intervals.values(), default=step))
+    every = boards_for(job)
+    chosen = {name: every[name] for name in names}
+    results = _query_all(prom, chosen, window, step, rw, counts.span, progress)
+    if not any(ev.points - ev.nan for panels in results.values() for evs in panels.values() for ev in evs):
+        raise _no_samples(prom, window, job)
     try:
         prepare_out(out, force)
     except OutDirError as exc:
         raise ExportError(str(exc)) from None
-    files = _write_all(out, results, window, step, rw, grafana, token)
+    files = _write_all(out, chosen, results, window, step, rw, grafana, token)
     md = out / "EVIDENCE.md"
-    md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note),
-                  encoding="utf-8")
+    md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note,
+                                    selector=job_selector(job)), encoding="utf-8")
     files.append(md)
     manifest = {
         "tool": "llm-bench-exporter evidence", "version": __version__,
@@ -257,7 +293,7 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
         "window": {"spec": window.spec, "source": window.source, "start": window.start, "end": window.end,
                    "start_utc": iso(window.start), "end_utc": iso(window.end)},
         "step_s": step, "step_note": step_note, "grid_start": grid_start(window, step),
-        "rate_window": rw, "exact_counts": counts.manifest(), "boards": names,
+        "rate_window": rw, "exact_counts": counts.manifest(), "boards": names, "job": job or MIXIN.job,
         "files": [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": _sha256(p)}
                   for p in sorted(files)],
     }

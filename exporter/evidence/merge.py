@@ -5,6 +5,11 @@ recovered from their histograms (bucket bounds only bound them), but they can fr
 requests: the union of the records is one population, and every figure of the round tables
 is computed from it exactly.  Records of the same engine, scenario and round from different
 proxies form one round (its duration from the first start to the last end over all of them).
+
+Each proxy start is a run with its own ``run_id``, so the proxies of one experiment have one run
+id each: runs of different directories whose spans (first start to last end) overlap in time are
+one run, named by their ids joined with ``+`` (:func:`join_runs`).  Runs of one directory never
+merge: they are successive ``serve`` starts.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_records", "load_many", "MergeError"]
+from .runs import run_of
+
+__all__ = ["load_records", "load_many", "join_runs", "MergeError"]
 
 
 class MergeError(ValueError):
@@ -53,7 +60,8 @@ def load_many(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[str]]:
     seen: set[str] = set()
     merged: list[dict[str, Any]] = []
     notes: list[str] = []
-    for path in paths:
+    origin: list[int] = []
+    for index, path in enumerate(paths):
         records = load_records(path)
         dupes = 0
         for rec in records:
@@ -64,5 +72,48 @@ def load_many(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[str]]:
                     continue
                 seen.add(rid)
             merged.append(rec)
+            origin.append(index)
         notes.append(f"{path}: {len(records)} records" + (f", {dupes} already seen (counted once)" if dupes else ""))
+    notes += join_runs(merged, origin)
     return merged, notes
+
+
+def _spans(records: Sequence[dict[str, Any]], origin: Sequence[int]) -> dict[tuple[int, str], list[float]]:
+    spans: dict[tuple[int, str], list[float]] = {}
+    for rec, where in zip(records, origin):
+        if rec.get("start_unix") is None:
+            continue
+        start = float(rec["start_unix"])
+        end = start + float(rec.get("e2e_s") or 0.0)
+        span = spans.setdefault((where, run_of(rec)), [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    return spans
+
+
+def join_runs(records: list[dict[str, Any]], origin: Sequence[int]) -> list[str]:
+    """Give the runs of different directories (``origin``: each record's directory) that overlap
+    in time one ``run_id``, their ids joined with ``+``; returns a note per joined run."""
+    spans = _spans(records, origin)
+    keys = sorted(spans, key=lambda k: spans[k][0])
+    groups: list[list[tuple[int, str]]] = []
+    for key in keys:
+        for group in groups:
+            if all(other[0] != key[0] for other in group) and any(
+                    spans[other][0] <= spans[key][1] and spans[key][0] <= spans[other][1] for other in group):
+                group.append(key)
+                break
+        else:
+            groups.append([key])
+    renamed: dict[tuple[int, str], str] = {}
+    notes = []
+    for group in groups:
+        ids = sorted(dict.fromkeys(run for _, run in group))
+        if len(ids) > 1:
+            joined = "+".join(ids)
+            renamed.update({key: joined for key in group})
+            notes.append(f"runs {', '.join(ids)} overlap in time on different proxies: one run, {joined}")
+    for i, (rec, where) in enumerate(zip(records, origin)):
+        new = renamed.get((where, run_of(rec)))
+        if new is not None:
+            records[i] = {**rec, "run_id": new}
+    return notes

@@ -3,16 +3,17 @@ under a header that names the backend, the window's source and how the step was 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import __version__
 
-from dashboards.catalogue import BOARDS, RATE_WINDOW, Panel
+from dashboards.catalogue import BOARDS, MIXIN, RATE_WINDOW, Panel
 from .counts import CountSpan
 from .windows import Window, iso
 
-__all__ = ["QueryEvidence", "evidence_markdown", "panel_kind", "RATE_NOTE"]
+__all__ = ["QueryEvidence", "evidence_markdown", "panel_kind", "below_first_bucket", "RATE_NOTE"]
 
 RATE_NOTE = ("Panels built on `rate()` (marked *rate*) are computed by the backend's own query engine: "
              "VictoriaMetrics' MetricsQL does not extrapolate `rate()`/`increase()` to the window's edges "
@@ -33,6 +34,8 @@ class QueryEvidence:
     first: float | None = None
     last: float | None = None
     span: CountSpan | None = None  # evaluated once, from the scrapes around a short window
+    first_bucket: float | None = None  # a quantile query's lowest finite bucket bound
+    in_first_bucket: int = 0  # its points at or below that bound: "below the first bucket bound"
 
 
 def panel_kind(panel: Panel) -> str:
@@ -58,7 +61,7 @@ def _backend_line(backend: dict[str, Any]) -> str:
 
 
 def _header(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,
-            counts_note: str) -> list[str]:
+            counts_note: str, selector: str) -> list[str]:
     lines = [
         "# Monitoring evidence", "",
         f"- Window: {iso(window.start)} to {iso(window.end)} (unix {window.start:.3f} to {window.end:.3f}, "
@@ -67,11 +70,36 @@ def _header(window: Window, step: float, step_note: str, rw: str, backend: dict[
         f"- Exact counts: {counts_note}",
         f"- Rate window: {rw}" + ("" if rw == RATE_WINDOW else f" (widened from {RATE_WINDOW} for the scrape interval)"),
         _backend_line(backend),
-        f"- Query API: {url}",
+        f"- Query API: {url}; the proxies' series selected by `{{{selector}}}` (`evidence export --job`)",
     ]
     if backend.get("name") != "Prometheus":
         lines.append(f"- Note: {RATE_NOTE}")
     return lines + [""]
+
+
+def below_first_bucket(bound: float) -> str:
+    return f"below the first bucket bound ({bound:g} s)"
+
+
+def _value(ev: QueryEvidence, value: float) -> str:
+    """A point as EVIDENCE.md shows it: a quantile inside a histogram's first bucket is no number."""
+    if ev.first_bucket is not None and value <= ev.first_bucket:
+        return below_first_bucket(ev.first_bucket)
+    return f"{value:.6g}"
+
+
+def _last_values(ev: QueryEvidence) -> list[str]:
+    last = []
+    for s in ev.series:
+        points = [v for v in s["values"] if not math.isnan(v)]
+        if points:
+            last.append(f"{s['name']} {_value(ev, points[-1])}")
+    lines = [f"Last value: {'; '.join(last)}", ""] if last else []
+    if ev.in_first_bucket:
+        lines += [f"{ev.in_first_bucket} of {ev.points - ev.nan} points are {below_first_bucket(ev.first_bucket or 0)}: "
+                  "the histogram cannot place them, and the interpolated value the CSV holds there is no measurement; "
+                  "read the exact mean (rate of _sum / rate of _count) beside it.", ""]
+    return lines
 
 
 def _query_lines(ev: QueryEvidence) -> list[str]:
@@ -86,6 +114,7 @@ def _query_lines(ev: QueryEvidence) -> list[str]:
         f"| {len(ev.series)} | {ev.points} | {ev.nan} | {ev.empty_series} | {len(ev.gaps)} | "
         f"{_fmt_t(ev.first)} | {_fmt_t(ev.last)} |", "",
     ]
+    lines += _last_values(ev)
     if ev.gaps:
         lines += [f"Gaps: {gaps}", ""]
     if not ev.series:
@@ -94,8 +123,9 @@ def _query_lines(ev: QueryEvidence) -> list[str]:
 
 
 def evidence_markdown(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,
-                      results: dict[str, dict[str, list[QueryEvidence]]], counts_note: str) -> str:
-    lines = _header(window, step, step_note, rw, backend, url, counts_note)
+                      results: dict[str, dict[str, list[QueryEvidence]]], counts_note: str,
+                      selector: str = MIXIN.job_selector) -> str:
+    lines = _header(window, step, step_note, rw, backend, url, counts_note, selector)
     for board_key, panels in results.items():
         board = BOARDS[board_key]
         lines += [f"## {board.title}", "", f"![{board.title}]({board_key}.png)", ""]

@@ -1,11 +1,16 @@
 """``evidence summarize``: the seed's round tables from one or several ``requests.jsonl``.
 
-Rows by engine × scenario × round (success / total, exact TTFT and TPOT P50/P95, E2E P95,
-success output throughput, SLO attainment, goodput), then the median of rounds per engine ×
-scenario with the rounds' spread (min–max) and, with enough requests, a bootstrap 95%
-interval beside each median; engines side by side per scenario with a noise verdict; the
-TTFT variants (``ttft_s``, ``ttfb_s``, ``ttfe_s``) where the records carry them.  Several
-records directories (several proxies) merge exactly: the union of their requests.  With
+Proxy-side figures, from the records.  Rows by run × engine × scenario × round in plan order
+(rounds of different runs never merge; ``run`` picks one): success / total, exact TTFT and TPOT
+P50/P95, E2E P95, success output throughput, goodput; each round once whole and once over its
+steady window (:mod:`.experiment`), with its load (arrivals, offered rate, in flight, client
+back-pressure, load verdict).  Then the median of rounds per run × engine × scenario with the
+rounds' spread (min–max) and, with enough requests, a bootstrap 95% interval beside each median;
+engines side by side per run and scenario with a noise verdict; the TTFT variants (``ttft_s``,
+``ttfb_s``, ``ttfe_s``) where the records carry them.  Each record is judged by its own ``slo``;
+older records by the config given, else by the default (:func:`.runs.judge_by`).
+
+Several records directories (several proxies) merge exactly: the union of their requests.  With
 Prometheus, each engine × scenario also gets the histogram-estimated P95 beside the exact P95,
 with the relative error: how far to trust the boards' P95 curves.  The estimate comes from the
 histogram's exact bucket counts (the catalogue's restart-safe ``exact_count``) from the scrape
@@ -17,89 +22,155 @@ from __future__ import annotations
 import csv
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from exporter.core.stats import SloLike, median_of_rounds, percentile, round_row
-from exporter.proxy.config import DEFAULT_SLO
+from exporter.core.slo import slo_result
+from exporter.core.stats import median_of_rounds, percentile, round_row
+from exporter.proxy.config import DEFAULT_SLO, Config
 
 from dashboards.catalogue import MIXIN, exact_count
 from .counts import covering
+from .experiment import Expect, cell_load, round_load, steady_records, window_share
 from .merge import load_records
-from .noise import METRICS, RULE, delta_pct, verdict
+from .noise import METRICS, RULE, delta_pct, judged_verdict
 from .outdir import make_dir
 from .promapi import Prometheus
+from .runs import RoundKey, group_rounds, judge_by, runs_in, select_run
 from .summary_md import summary_markdown
 
-__all__ = ["load_records", "summarize", "write_summary", "histogram_p95_expr", "HISTOGRAMS", "TTFT_VARIANTS"]
+__all__ = ["load_records", "summarize", "write_summary", "histogram_p95_expr", "HISTOGRAMS", "TTFT_VARIANTS",
+           "DROPPED"]
 
 HISTOGRAMS = {"ttft": ("llmbench_time_to_first_token_seconds", "ttft_s"),
               "tpot": ("llmbench_time_per_output_token_seconds", "tpot_s"),
               "e2e": ("llmbench_e2e_request_latency_seconds", "e2e_s")}
 #: first visible text, first body byte, first event with choices.
 TTFT_VARIANTS = ("ttft_s", "ttfb_s", "ttfe_s")
-SKIP_SCENARIOS = frozenset({"warmup"})
-Groups = dict[tuple[str, str, Any], list[dict[str, Any]]]
+#: one name per figure: ``slo_attainment`` (met / all) is ``goodput_ratio`` (met / judged) but for
+#: client aborts; the summary keeps ``goodput_ratio``.
+DROPPED = ("slo_attainment",)
+Groups = dict[RoundKey, list[Mapping[str, Any]]]
+CellKey = tuple[str, str, str]  # run, engine, scenario
 
 
-def _end(r: dict[str, Any]) -> float:
+def _end(r: Mapping[str, Any]) -> float:
     return float(r["start_unix"]) + float(r.get("e2e_s") or 0.0)
 
 
-def _groups(records: Sequence[dict[str, Any]]) -> Groups:
-    groups: Groups = defaultdict(list)
-    for r in records:
-        if r.get("scenario") in SKIP_SCENARIOS or r.get("start_unix") is None:
-            continue
-        groups[(str(r.get("engine")), str(r.get("scenario")), r.get("round"))].append(r)
-    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))))
+def _figures(recs: Sequence[Mapping[str, Any]], duration_s: float | None = None) -> dict[str, Any]:
+    row = round_row(recs, duration_s, slo=DEFAULT_SLO, own_slo=True)  # every record carries its slo here
+    return {k: v for k, v in row.items() if k not in DROPPED}
 
 
-def summarize(records: Sequence[dict[str, Any]], prom: Prometheus | None = None,
-              scrape_s: float = 5.0, slo: SloLike = DEFAULT_SLO) -> dict[str, Any]:
-    groups = _groups(records)
-    rows = [{"engine": e, "scenario": s, "round": rnd, **round_row(recs, slo=slo)}
-            for (e, s, rnd), recs in groups.items()]
-    by_cell: dict[tuple[str, str], list[tuple[dict[str, Any], list[dict[str, Any]]]]] = defaultdict(list)
-    for row, recs in zip(rows, groups.values()):
-        by_cell[(row["engine"], row["scenario"])].append((row, recs))
-    medians = [{"engine": e, "scenario": s,
-                **median_of_rounds([r for r, _ in pairs], [recs for _, recs in pairs], slo=slo)}
-               for (e, s), pairs in by_cell.items()]
-    out: dict[str, Any] = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "rounds": rows, "medians": medians,
-                           "engines_compared": _engines_compared(medians), "noise_rule": RULE,
+def _round_tables(groups: Groups, expect: Expect | None) -> tuple[list[dict[str, Any]], ...]:
+    """(rounds, steady rounds, loads): one row each per round."""
+    rounds, steady, loads = [], [], []
+    for (run, engine, scenario, rnd), recs in groups.items():
+        head = {"run": run, "engine": engine, "scenario": scenario, "round": rnd}
+        load = round_load(recs, expect)
+        rounds.append({**head, **_figures(recs)})
+        loads.append({**head, **load})
+        steady.append({**head, "steady_s": load["steady_s"], **_steady_figures(recs, load)})
+    return rounds, steady, loads
+
+
+def _steady_figures(recs: Sequence[Mapping[str, Any]], load: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures of the requests that arrived inside the steady window; throughput and goodput
+    over its length, each request's output counted by the share of its generation inside it."""
+    inside = steady_records(recs, load)
+    lo, hi = load.get("steady_start_unix"), load.get("steady_end_unix")
+    if not inside or lo is None or hi is None or not hi > lo:
+        return {"requests": len(inside)}
+    row = _figures(inside, hi - lo)
+    ok = [r for r in recs if r.get("outcome") == "success"]
+    met = [r for r in ok if slo_result(r.get("ttft_s"), r.get("tpot_s"), r["slo"]["ttft_s"], r["slo"]["tpot_s"]) == "met"]
+    for key, chosen in (("output_throughput_tok_s", ok), ("goodput_tok_s", met)):
+        tokens = sum((r.get("completion_tokens") or 0) * window_share(r, lo, hi) for r in chosen)
+        row[key] = tokens / (hi - lo)
+    return row
+
+
+def _reasons(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    total: dict[str, int] = defaultdict(int)
+    for row in rows:
+        for reason, n in (row.get("failure_reasons") or {}).items():
+            total[reason] += n
+    return dict(total)
+
+
+def _medians(groups: Groups, rounds: list[dict[str, Any]], loads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_cell: dict[CellKey, list[tuple[dict[str, Any], Sequence[Mapping[str, Any]], dict[str, Any]]]] = defaultdict(list)
+    for row, recs, load in zip(rounds, groups.values(), loads):
+        by_cell[(row["run"], row["engine"], row["scenario"])].append((row, recs, load))
+    out = []
+    for (run, engine, scenario), triples in by_cell.items():
+        rows = [r for r, _, _ in triples]
+        m = median_of_rounds(rows, [recs for _, recs, _ in triples], slo=DEFAULT_SLO, own_slo=True)
+        for key in DROPPED:
+            for part in (m, m["spread"], m["ci95"]):
+                part.pop(key, None)
+        out.append({"run": run, "engine": engine, "scenario": scenario, **m, "failure_reasons": _reasons(rows),
+                    **cell_load([load for _, _, load in triples])})
+    return out
+
+
+def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = None, scrape_s: float = 5.0, *,
+              config: Config | None = None, config_path: Path | str | None = None, run: str | None = None,
+              expect: Expect | None = None) -> dict[str, Any]:
+    """The summary document; RunError for a ``run`` the records lack."""
+    judged, slo_note = judge_by(select_run(records, run), config, config_path)
+    groups = group_rounds(judged)
+    rounds, steady, loads = _round_tables(groups, expect)
+    medians = _medians(groups, rounds, loads)
+    out: dict[str, Any] = {"measured": "proxy-side, from requests.jsonl", "runs": _runs(judged, groups),
+                           "slo_source": slo_note, "rounds": rounds, "steady_rounds": steady, "load": loads,
+                           "medians": medians, "engines_compared": _engines_compared(medians), "noise_rule": RULE,
                            "ttft_variants": _ttft_variants(groups)}
     if prom is not None:
         out["histogram_vs_exact"] = _compare(prom, groups, scrape_s)
     return out
 
 
+def _runs(records: Sequence[Mapping[str, Any]], groups: Groups) -> list[dict[str, Any]]:
+    rounds: dict[str, int] = defaultdict(int)
+    for key in groups:
+        rounds[key[0]] += 1
+    return [{"run_id": run, "rounds": rounds.get(run, 0)} for run in runs_in(records)]
+
+
 def _engines_compared(medians: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per scenario, each pair of engines (A, B in name order) with B's verdict against A."""
-    by_scenario: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    """Per run and scenario, each pair of engines (A, B in the order they ran) with B's verdict against A."""
+    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for m in medians:
-        by_scenario[m["scenario"]].append(m)
+        by_cell[(m["run"], m["scenario"])].append(m)
     rows = []
-    for scenario, ms in sorted(by_scenario.items()):
-        for a, b in combinations(sorted(ms, key=lambda m: m["engine"]), 2):
+    for (run, scenario), ms in by_cell.items():
+        for a, b in combinations(ms, 2):
             for metric in METRICS:
-                rows.append({"scenario": scenario, "metric": metric.key, "a": a["engine"], "b": b["engine"],
-                             "value_a": a.get(metric.key), "value_b": b.get(metric.key),
-                             "delta_pct": delta_pct(a.get(metric.key), b.get(metric.key)),
-                             "verdict": verdict(a, b, metric)})
+                verdict, why = judged_verdict(a, b, metric)
+                rows.append({"run": run, "scenario": scenario, "metric": metric.key, "a": a["engine"],
+                             "b": b["engine"], "value_a": a.get(metric.key), "value_b": b.get(metric.key),
+                             "delta_pct": delta_pct(a.get(metric.key), b.get(metric.key)), "verdict": verdict,
+                             "why": why})
     return rows
+
+
+def _cells(groups: Groups) -> dict[CellKey, list[Mapping[str, Any]]]:
+    cells: dict[CellKey, list[Mapping[str, Any]]] = defaultdict(list)
+    for (run, engine, scenario, _), recs in groups.items():
+        cells[(run, engine, scenario)].extend(recs)
+    return cells
 
 
 def _ttft_variants(groups: Groups) -> list[dict[str, Any]]:
     """P50/P95 of each TTFT variant over successful requests (None where records lack it)."""
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for (engine, scenario, _), recs in groups.items():
-        cells[(engine, scenario)].extend(r for r in recs if r.get("outcome") == "success")
     rows = []
-    for (engine, scenario), ok in sorted(cells.items()):
-        row: dict[str, Any] = {"engine": engine, "scenario": scenario, "success": len(ok)}
+    for (run, engine, scenario), recs in _cells(groups).items():
+        ok = [r for r in recs if r.get("outcome") == "success"]
+        row: dict[str, Any] = {"run": run, "engine": engine, "scenario": scenario, "success": len(ok)}
         for key in TTFT_VARIANTS:
             xs = [float(r[key]) for r in ok if r.get(key) is not None]
             name = key[:-2]
@@ -116,14 +187,11 @@ def histogram_p95_expr(metric: str, engine: str, scenario: str, range_s: int) ->
 
 
 def _compare(prom: Prometheus, groups: Groups, scrape_s: float) -> list[dict[str, Any]]:
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for (engine, scenario, _), recs in groups.items():
-        cells[(engine, scenario)].extend(recs)
     rows = []
-    for (engine, scenario), recs in sorted(cells.items()):
+    for (run, engine, scenario), recs in _cells(groups).items():
         ok = [r for r in recs if r.get("outcome") == "success"]
         span = covering(min(float(r["start_unix"]) for r in recs), max(_end(r) for r in recs), scrape_s)
-        row: dict[str, Any] = {"engine": engine, "scenario": scenario, "window_start": span.baseline,
+        row: dict[str, Any] = {"run": run, "engine": engine, "scenario": scenario, "window_start": span.baseline,
                                "window_end": span.at}
         for key, (metric, field) in HISTOGRAMS.items():
             exact = percentile([r[field] for r in ok if r.get(field) is not None], 95)
@@ -149,7 +217,7 @@ def _flat(row: dict[str, Any]) -> dict[str, Any]:
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     flat = [_flat(r) for r in rows]
-    cols = list(flat[0]) if flat else []
+    cols = list(dict.fromkeys(k for r in flat for k in r))
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, cols)
         w.writeheader()
@@ -157,11 +225,15 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
             w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 
+TABLES = ("rounds", "steady_rounds", "load", "medians", "engines_compared", "ttft_variants", "histogram_vs_exact")
+
+
 def write_summary(summary: dict[str, Any], out: Path) -> list[Path]:
-    """CSV tables, ``summary.json`` and ``summary.md`` under ``out`` (OutDirError if it cannot be made)."""
+    """CSV tables (base units, named in the columns), ``summary.json`` and ``summary.md`` (ms and %)
+    under ``out`` (OutDirError if it cannot be made)."""
     make_dir(out)
     paths = []
-    for name in ("rounds", "medians", "engines_compared", "ttft_variants", "histogram_vs_exact"):
+    for name in TABLES:
         rows = summary.get(name)
         if rows is None:
             continue

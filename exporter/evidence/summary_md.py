@@ -1,5 +1,9 @@
-"""``summary.md`` of ``evidence summarize``: medians with their noise, engines side by side,
-rounds, TTFT variants and the histogram check."""
+"""``summary.md`` of ``evidence summarize``: tables to paste into a report.
+
+Rows in plan order (the order the rounds first appear in the records), milliseconds and per cent
+(``summary.json`` and the CSV files keep seconds and ratios, named in their columns), failure
+reasons beside the medians, and each table says which side measured it.
+"""
 
 from __future__ import annotations
 
@@ -8,81 +12,150 @@ from typing import Any
 
 from exporter.core.stats import MIN_BOOTSTRAP_REQUESTS
 
-from .noise import fmt_delta, fmt_noise
+from .experiment import load_line, seconds_text
+from .noise import fmt_delta, fmt_noise, human, unit_of
 
-__all__ = ["summary_markdown", "md_table"]
+__all__ = ["summary_markdown", "md_table", "PROXY_SIDE", "title_of"]
 
-_ROUND_COLS = ["engine", "scenario", "round", "success", "requests", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
-               "tpot_p95_s", "e2e_p95_s", "output_throughput_tok_s", "goodput_ratio", "goodput_tok_s",
-               "slo_attainment", "failure_reasons"]
-_MEDIAN_PLAIN = ["engine", "scenario", "rounds", "success", "requests"]
+PROXY_SIDE = "proxy-side, from requests.jsonl"
+_TITLES = {
+    "success": "success", "requests": "requests", "rounds": "rounds", "ttft_p50_s": "TTFT P50",
+    "ttft_p95_s": "TTFT P95", "tpot_p50_s": "TPOT P50", "tpot_p95_s": "TPOT P95", "e2e_p95_s": "E2E P95",
+    "output_throughput_tok_s": "throughput", "goodput_ratio": "goodput", "goodput_tok_s": "goodput",
+    "success_ratio": "success", "failure_reasons": "failures", "load_verdict": "load",
+    "ttfb_p50_s": "TTFB P50", "ttfb_p95_s": "TTFB P95", "ttfe_p50_s": "TTFE P50", "ttfe_p95_s": "TTFE P95",
+    "delta_pct": "delta", "value_a": "A", "value_b": "B",
+}
+_FIGURES = ["ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "output_throughput_tok_s",
+            "goodput_ratio", "goodput_tok_s"]
 _MEDIAN_NOISY = ["ttft_p95_s", "tpot_p95_s", "e2e_p95_s", "output_throughput_tok_s", "goodput_ratio", "goodput_tok_s"]
 _VARIANT_COLS = ["engine", "scenario", "success", "ttft_p50_s", "ttft_p95_s", "ttfb_p50_s", "ttfb_p95_s",
                  "ttfe_p50_s", "ttfe_p95_s"]
+Fmt = Callable[[Mapping[str, Any], str], str]
 
 
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
+def title_of(key: str) -> str:
+    """A column header: a short title and the unit of a human table (``TTFT P95 ms``)."""
+    unit = unit_of(key)
+    title = _TITLES.get(key) or (key[:-2] if unit == "ms" else key)
+    return f"{title} {unit}" if unit else title
+
+
+def _cell(row: Mapping[str, Any], key: str) -> str:
+    v = row.get(key)
     if isinstance(v, dict):
-        return ", ".join(f"{k} {n}" for k, n in sorted(v.items())) or "-"
-    return str(v)
+        return ", ".join(f"{k} {n}" for k, n in v.items()) or "-"
+    return human(key, v)
 
 
-def md_table(rows: list[dict[str, Any]], cols: list[str],
-             fmt: Mapping[str, Callable[[Any, str], str]] | None = None) -> list[str]:
+def md_table(rows: list[dict[str, Any]], cols: list[str], fmt: Mapping[str, Fmt] | None = None) -> list[str]:
     fmt = fmt or {}
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt[c](r, c) if c in fmt else _cell(r.get(c)) for c in cols) + " |" for r in rows]
+    lines = ["| " + " | ".join(title_of(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt[c](r, c) if c in fmt else _cell(r, c) for c in cols) + " |" for r in rows]
     return lines
 
 
-def _medians(summary: dict[str, Any]) -> list[str]:
-    slo = summary.get("slo") or {}
+def _run_cols(summary: Mapping[str, Any]) -> list[str]:
+    """A run column only where the records hold several runs."""
+    return ["run"] if len(summary.get("runs") or []) > 1 else []
+
+
+def _head(summary: Mapping[str, Any]) -> list[str]:
+    runs = summary.get("runs") or []
     lines = ["# Round tables", "",
-             "Median of rounds per engine × scenario (success counts add up over rounds). Beside each median: "
-             "[min–max over rounds] and, with at least "
-             f"{MIN_BOOTSTRAP_REQUESTS} requests, (CI lo–hi): a bootstrap 95% interval of the median. "
-             f"Goodput: requests that met the SLO (TTFT ≤ {slo.get('ttft_s', '?')} s, TPOT ≤ {slo.get('tpot_s', '?')} s) "
-             "over judged requests (all but client aborts).", ""]
-    fmt = {c: fmt_noise for c in _MEDIAN_NOISY}
-    return lines + md_table(summary["medians"], _MEDIAN_PLAIN + _MEDIAN_NOISY, fmt)
+             f"Every table here is {PROXY_SIDE} (the proxy's own record of each request), unless it says "
+             "otherwise. Times in ms, shares in %; summary.json and the CSV files keep base units (seconds, "
+             "ratios 0..1) and name them in their columns (ttft_p95_s, goodput_ratio).", "",
+             (summary.get("slo_source") or {}).get("text", ""), ""]
+    if len(runs) > 1:
+        lines += ["Runs (one per proxy start; rounds of different runs are never merged, `--run ID` picks one): "
+                  + ", ".join(f"{r['run_id']} ({r['rounds']} rounds)" for r in runs), ""]
+    elif runs:
+        lines += [f"Run: {runs[0]['run_id']}", ""]
+    return lines
 
 
-def _compared(summary: dict[str, Any]) -> list[str]:
+def _medians(summary: Mapping[str, Any]) -> list[str]:
+    lines = [f"## Median of rounds ({PROXY_SIDE})", "",
+             "Per engine × scenario (success counts add up over rounds). Beside each median: [min–max over rounds] "
+             f"and, with at least {MIN_BOOTSTRAP_REQUESTS} requests, (CI lo–hi): a bootstrap 95% interval of the "
+             "median. Goodput: requests that met their SLO over judged requests (all but client aborts).", ""]
+    fmt: dict[str, Fmt] = {c: fmt_noise for c in _MEDIAN_NOISY}
+    cols = _run_cols(summary) + ["engine", "scenario", "rounds", "success", "requests", *_MEDIAN_NOISY,
+                                 "failure_reasons", "load_verdict"]
+    return lines + md_table(summary["medians"], cols, fmt)
+
+
+def _compared(summary: Mapping[str, Any]) -> list[str]:
     rows = summary.get("engines_compared") or []
     if not rows:
         return []
-    lines = ["", "Engines side by side (B against A, medians of rounds):", "", summary.get("noise_rule", ""), ""]
-    return lines + md_table(rows, ["scenario", "metric", "a", "b", "value_a", "value_b", "delta_pct", "verdict"],
-                           {"delta_pct": fmt_delta})
+    lines = ["", f"## Engines side by side ({PROXY_SIDE})", "", "B against A, medians of rounds, values in the "
+             "metric's unit (ms, %, tok/s).", "", summary.get("noise_rule", ""), ""]
+    value: Fmt = lambda r, c: human(r["metric"], r.get(c))  # noqa: E731
+    return lines + md_table(rows, _run_cols(summary) + ["scenario", "metric", "a", "b", "value_a", "value_b",
+                                                        "delta_pct", "verdict", "why"],
+                            {"delta_pct": fmt_delta, "value_a": value, "value_b": value})
 
 
-def _variants(summary: dict[str, Any]) -> list[str]:
+def _loads(summary: Mapping[str, Any]) -> list[str]:
+    lines = ["", f"## Load per round ({PROXY_SIDE}: arrivals at the proxy, requests in flight, client "
+             "back-pressure)", ""]
+    several = len(summary.get("runs") or []) > 1
+    for load in summary.get("load") or []:
+        who = f"{load['run']} " if several else ""
+        lines.append(f"- {who}{load['engine']} {load['scenario']}#{load['round']}: {load_line(load)}")
+    return lines
+
+
+def _rounds(summary: Mapping[str, Any]) -> list[str]:
+    """Each round twice: whole, then over its steady window."""
+    rows = []
+    for whole, steady in zip(summary["rounds"], summary.get("steady_rounds") or [{}] * len(summary["rounds"])):
+        rows.append({**whole, "window": "whole"})
+        span = steady.get("steady_s")
+        rows.append({**steady, "window": "steady" + ("" if span is None else f" {seconds_text(span)} s")})
+    cols = _run_cols(summary) + ["engine", "scenario", "round", "window", "success", "requests", *_FIGURES,
+                                 "failure_reasons"]
+    return ["", f"## Rounds: whole and steady window ({PROXY_SIDE})", "",
+            "The steady window cuts off ramp-up and drain. Its figures count the requests that arrived "
+            "inside it; its throughput and goodput tok/s count each request's output by the share of its "
+            "generation (first token to end) inside the window, over the window's length.", ""] + md_table(rows, cols)
+
+
+def _variants(summary: Mapping[str, Any]) -> list[str]:
     rows = summary.get("ttft_variants") or []
     if not rows:
         return []
-    lines = ["", "TTFT variants of successful requests: ttft = first visible text, "
-             "ttfb = first body byte, ttfe = first event with choices (what vLLM's bench client stamps):", ""]
-    lines += md_table(rows, _VARIANT_COLS)
+    lines = ["", f"## TTFT variants ({PROXY_SIDE})", "",
+             "Successful requests: ttft = first visible text, ttfb = first body byte, ttfe = first event with "
+             "choices (what vLLM's bench client stamps).", ""]
+    lines += md_table(rows, _run_cols(summary) + _VARIANT_COLS)
     if any(r.get("ttfb_n", 0) < r.get("success", 0) or r.get("ttfe_n", 0) < r.get("success", 0) for r in rows):
         lines += ["", "Some records carry no ttfb_s/ttfe_s (written by an older proxy): those variants count "
                       "only the records that have them, and show - where none do."]
     return lines
 
 
-def summary_markdown(summary: dict[str, Any]) -> str:
-    md = _medians(summary) + _compared(summary)
-    md += ["", "Rounds:", ""] + md_table(summary["rounds"], _ROUND_COLS)
+def _histograms(summary: Mapping[str, Any]) -> list[str]:
+    if not summary.get("histogram_vs_exact"):
+        return []
+    keys = ("ttft", "tpot", "e2e")
+    cols = ["engine", "scenario"] + [f"{k}_p95_{x}" for k in keys for x in ("exact_s", "histogram_s", "rel_error")]
+    return ["", "## Histogram P95 against the exact P95 (Prometheus histograms beside the proxy's records)", "",
+            "ms; rel_error = (histogram − exact) / exact, as a ratio.", ""] + md_table(summary["histogram_vs_exact"], cols)
+
+
+def headline_markdown(summary: Mapping[str, Any]) -> str:
+    """The median-of-rounds table and one load line per round: what a terminal shows first."""
+    return "\n".join(_medians(summary) + _loads(summary))
+
+
+def summary_markdown(summary: Mapping[str, Any]) -> str:
+    md = _head(summary) + _medians(summary) + _compared(summary) + _loads(summary) + _rounds(summary)
     md += _variants(summary)
     if summary.get("sources"):
-        md += ["", "Records merged (the union of requests; same engine, scenario and round form one round):", ""]
+        md += ["", "Records merged (the union of requests; same run, engine, scenario and round form one round):", ""]
         md += [f"- {note}" for note in summary["sources"]]
-    if summary.get("histogram_vs_exact"):
-        keys = ("ttft", "tpot", "e2e")
-        cols = ["engine", "scenario"] + [f"{k}_p95_{x}" for k in keys for x in ("exact_s", "histogram_s", "rel_error")]
-        md += ["", "Histogram-estimated P95 (Prometheus) beside the exact P95 of the same requests:", ""]
-        md += md_table(summary["histogram_vs_exact"], cols)
+    md += _histograms(summary)
     return "\n".join(md) + "\n"

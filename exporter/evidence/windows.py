@@ -1,4 +1,11 @@
-"""Evidence windows: ``START,END``, ``last:30m`` or ``scenario:NAME[#ROUND]``, made absolute.
+"""Evidence windows: ``START,END``, ``last:30m``, ``scenario:NAME[#ROUND]`` or
+``scenario:NAME#ROUND:steady[:ENGINE]``, made absolute.
+
+A steady window (the round with its ramp-up and drain cut off, :mod:`.experiment`) comes from the
+records only (``--records DIR``: its ``requests.jsonl``), request by request: Prometheus' arrival
+and in-flight series are sampled once a scrape, too coarse for a round of a few seconds.  It is
+the latest run's round; where several engines ran it, ``:ENGINE`` picks one, or their steady
+windows must overlap and the window is where all of them were steady.
 
 A scenario window comes, first that applies, from:
 
@@ -83,6 +90,8 @@ def parse_window(spec: str, prom: Prometheus | None = None, records: Path | None
         if span <= 0:
             raise WindowError(f"empty window {spec!r}: give a duration above zero, e.g. last:30m")
         return Window(now - span, now, spec, "last")
+    if spec.startswith("scenario:") and _steady_part(spec) is not None:
+        return _steady_window(spec, records)
     if spec.startswith("scenario:"):
         return _scenario_window(spec, prom, records, now, lookback_s)
     first, sep, second = spec.partition(",")
@@ -92,6 +101,37 @@ def parse_window(spec: str, prom: Prometheus | None = None, records: Path | None
     if end <= start:
         raise WindowError(f"window ends before it starts: {spec!r}")
     return Window(start, end, spec, "given")
+
+
+def _steady_part(spec: str) -> tuple[str, str | None] | None:
+    """(``NAME#ROUND``, ENGINE or None) of a ``scenario:NAME#ROUND:steady[:ENGINE]`` spec, else None."""
+    body = spec[9:]
+    if body.endswith(":steady"):
+        return body[:-7], None
+    head, sep, engine = body.rpartition(":steady:")
+    return (head, engine) if sep and engine else None
+
+
+def _steady_window(spec: str, records: Path | None) -> Window:
+    from .experiment import steady_window
+    from .merge import MergeError, load_records
+
+    part = _steady_part(spec)
+    assert part is not None
+    (name, _, rnd), engine = part[0].partition("#"), part[1]
+    if not name or not rnd.isdigit():
+        raise WindowError(f"bad steady window {spec!r}: expected scenario:NAME#ROUND:steady[:ENGINE]")
+    if records is None:
+        raise WindowError(f"{spec}: a steady window comes from the records: add --records DIR (with requests.jsonl)")
+    try:
+        recs = load_records(records)
+    except MergeError as exc:
+        raise WindowError(str(exc)) from None
+    try:
+        start, end, note = steady_window(recs, name, int(rnd), engine)
+    except ValueError as exc:
+        raise WindowError(f"{spec}: {exc}") from None
+    return Window(start, end, spec, f"records ({records}: {note})")
 
 
 def _scenario_window(spec: str, prom: Prometheus | None, records: Path | None, now: float,

@@ -7,7 +7,7 @@ each engine in turn, like the seed, writes the dashboards and the round tables (
 goodput and the rounds' noise), compares the two engines (``evidence compare``), prints
 where everything is, and shuts every child down.
 
-Also ``python -m exporter.harness.demo [options]``.
+Also ``python -m exporter.demo [options]`` and ``python -m exporter.harness.demo [options]``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any
 from .cliutil import (HelpFormatter, UserError, ensure_out_dir, fail, non_negative_float, positive_float,
                       probability)
 from .load import Driver
-from .plan import Plan, PlanError, load_plan
+from .plan import Plan, PlanError, load_plan, scenario_names
 from .stack import ENGINES, REPO_FILES, LocalStack
 from .tables import round_table
 
-__all__ = ["add_parser", "run_demo", "main"]
+__all__ = ["add_parser", "run_demo"]
 
 #: A file that marks a directory as the demo's own output, which a later demo may clear.
 MARKER = ".llmbench-demo"
@@ -67,23 +67,27 @@ def _write_dashboards(out: Path) -> Path | None:
     return target
 
 
-def _evidence(prom_url: str, window: str, out: Path) -> Path | None:
-    """The evidence tool on the demo's own window, while Prometheus still runs."""
+def _evidence(prom_url: str | None, window: str, out: Path) -> tuple[Path | None, str | None]:
+    """The evidence tool on the demo's own window, while Prometheus still runs: the export's
+    directory (None without Prometheus) and the proxy-side headline tables."""
+    from exporter.evidence.export import ExportError, export
+    from exporter.evidence.promapi import Prometheus, PromError
+    from exporter.evidence.summarize import load_records, summarize, write_summary
+    from exporter.evidence.summary_md import headline_markdown
+    from exporter.evidence.windows import parse_window
+
+    prom = Prometheus(prom_url) if prom_url else None
+    exported = None
     try:
-        from exporter.evidence.export import ExportError, export
-        from exporter.evidence.promapi import Prometheus, PromError
-        from exporter.evidence.summarize import load_records, summarize, write_summary
-        from exporter.evidence.windows import parse_window
-    except ImportError:
-        return None
-    prom = Prometheus(prom_url)
-    try:
-        export(prom, parse_window(window), out / "evidence", progress=False)
-        write_summary(summarize(load_records(out / "records"), prom), out / "summary")
+        summary = summarize(load_records(out / "records"), prom)
+        write_summary(summary, out / "summary")
+        if prom is not None:
+            export(prom, parse_window(window), out / "evidence", progress=False)
+            exported = out / "evidence"
     except (ExportError, PromError, OSError, ValueError) as exc:
-        _say(f"evidence export failed: {exc}")
-        return None
-    return out / "evidence"
+        _say(f"evidence failed: {exc}")
+        return exported, None
+    return exported, headline_markdown(summary)
 
 
 def _compare(out: Path) -> Path | None:
@@ -106,7 +110,7 @@ def _compare(out: Path) -> Path | None:
 
 def _start(stack: LocalStack, args: argparse.Namespace, plan: Plan) -> str | None:
     """The engines, the proxy and (unless told not to, or missing) Prometheus; its URL."""
-    scenarios = sorted({c.scenario for st in plan.stages for c in st.cells} | {"warmup"})
+    scenarios = scenario_names(plan)
     stack.start(scenarios=scenarios, speed=args.speed, gpu=args.gpu,
                 vllm_faults=["--fault-empty-text", str(args.empty_text_rate)])
     if args.no_prometheus:
@@ -130,23 +134,27 @@ def _drive(stack: LocalStack, plan: Plan, out: Path, plan_name: str) -> list[dic
 
         async def drive(engine: str = name) -> dict[str, Any]:
             async with Driver(f"{stack.proxy_url}/{engine}", out / "load" / engine, seed=11) as driver:
+                await driver.check_scenarios(scenario_names(plan))  # the demo's config lists them all
                 return await driver.run_plan(plan)
 
         summaries.append(asyncio.run(drive()))
     return summaries
 
 
-def _report(out: Path, stack: LocalStack, table: str, found: dict[str, Path | None], window: str,
-            keep_running: bool) -> None:
-    _say("\n" + table + "\n")
+def _report(out: Path, stack: LocalStack, tables: tuple[str | None, str], found: dict[str, Path | None],
+            window: str, keep_running: bool) -> None:
+    proxy_side, client_side = tables
+    if proxy_side:
+        _say("\n" + proxy_side + "\n")
+    _say(client_side + "\n")
     _say(f"records:    {out / 'records' / 'requests.jsonl'} (raw SSE of failures in {out / 'records' / 'captures'})")
     _say(f"tables:     {out / 'load'}/<engine>/rounds.csv, summary.json; {out / 'rounds.txt'}")
     if found["boards"]:
         _say(f"dashboards: {found['boards']} (import into Grafana, or use compose/)")
     _say(f"logs:       {stack.logs}")
+    _say(f"summary:    {out / 'summary'}/summary.md (proxy-side round tables, load per round, steady windows)")
     if found["evidence"]:
-        _say(f"evidence:   {found['evidence']}/EVIDENCE.md (PNG boards, CSV/JSON per panel, manifest.json); "
-             f"round tables with histogram-vs-exact P95 in {out / 'summary'}")
+        _say(f"evidence:   {found['evidence']}/EVIDENCE.md (PNG boards, CSV/JSON per panel, manifest.json)")
     if found["compare"]:
         _say(f"compare:    {found['compare']}/compare.md ({ENGINES[1]} against {ENGINES[0]}: better, worse or "
              "within noise per scenario and metric; CSV and one PNG per metric beside it)")
@@ -165,9 +173,9 @@ def _run(args: argparse.Namespace, out: Path, plan: Plan, stack: LocalStack) -> 
     table = round_table(summaries)
     (out / "rounds.txt").write_text(table + "\n", encoding="utf-8")
     window = f"{int(started)},{int(ended + args.settle)}"
-    found = {"boards": _write_dashboards(out), "evidence": _evidence(prom_url, window, out) if prom_url else None,
-             "compare": _compare(out)}
-    _report(out, stack, table, found, window, args.keep_running)
+    exported, proxy_side = _evidence(prom_url, window, out)
+    found = {"boards": _write_dashboards(out), "evidence": exported, "compare": _compare(out)}
+    _report(out, stack, (proxy_side, table), found, window, args.keep_running)
     if args.keep_running:
         _say("stack left running; Ctrl-C stops it")
         while stack.alive():
@@ -219,12 +227,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run_demo)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m exporter.harness.demo [options]``: the same as ``llm-bench-exporter demo``."""
-    from exporter.cli import main as cli_main
+if __name__ == "__main__":  # pragma: no cover - ``python -m exporter.harness.demo [options]``
+    import logging
 
-    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _parser = argparse.ArgumentParser(prog="llm-bench-exporter")
+    add_parser(_parser.add_subparsers(dest="command", required=True))
+    _args = _parser.parse_args(["demo", *sys.argv[1:]])
+    sys.exit(_args.func(_args))

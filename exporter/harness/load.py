@@ -5,20 +5,27 @@ the driver and the proxy agree on TTFT, TPOT, E2E and success.  Each request car
 ``X-Bench-Scenario``, ``X-Bench-Round`` and ``X-Request-Id``; before each round the driver
 announces the scenario to the proxy (``POST /-/scenario``) when the base URL goes through
 one, so the boards can show scenario windows.
+
+Every record also says when the request was due and how late it went out
+(``intended_start_unix``, ``schedule_lag_s``): open loop, an absolute Poisson schedule from
+the round's start; closed loop, the moment its worker was free.  Open-loop records add
+``e2e_from_intended_s``, the E2E counted from when the request was due: a client that falls
+behind its schedule hides that wait from the usual E2E (coordinated omission), not from this.
+The command line is :mod:`exporter.harness.load_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import contextlib
 import json
 import random
-import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -28,14 +35,13 @@ from exporter.core.content import is_event_stream
 from exporter.proxy.records import JsonlWriter
 from exporter.proxy.transport import transport_reason
 
-from .cliutil import (HelpFormatter, UserError, ensure_out_dir, fail, non_negative_int, positive_float,
-                      positive_int)
-from .plan import Cell, Plan, PlanError, Stage, cell_from_options, load_plan
-from .preflight import check_base_url, check_url_syntax
+from .plan import WARMUP, Cell, Plan, PlanError, Stage, load_plan
+from .preflight import check_base_url, check_proxy_scenarios
+from .progress import Progress
 from .runner import run_plan
-from .tables import failure_summary, round_table, write_tables
+from .tables import write_tables
 
-__all__ = ["Cell", "Stage", "Plan", "Driver", "load_plan", "make_prompt", "add_parser"]
+__all__ = ["Cell", "Stage", "Plan", "PlanError", "Driver", "load_plan", "make_prompt"]
 
 _VOCAB = (
     "time person year way day thing man world life hand part child eye woman place work week case "
@@ -52,33 +58,13 @@ def make_prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_VOCAB) for _ in range(words))
 
 
-@dataclass
-class _Progress:
-    label: str
-    total: int
-    done: int = 0
-    failed: int = 0
-    enabled: bool = field(default_factory=lambda: sys.stderr.isatty())
-
-    def tick(self, ok: bool) -> None:
-        self.done += 1
-        self.failed += 0 if ok else 1
-        if self.enabled:
-            width = 30
-            fill = int(width * self.done / max(1, self.total))
-            sys.stderr.write(f"\r{self.label:<28} [{'#' * fill}{'.' * (width - fill)}] "
-                             f"{self.done}/{self.total} failed {self.failed}")
-            if self.done == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 class Driver:
     """Sends benchmark requests to one OpenAI base URL and keeps their records."""
 
     def __init__(self, base_url: str, out_dir: Path | None = None, *, model: str | None = None,
                  seed: int = 0, label: str | None = None, timeout_s: float = 3600.0,
-                 check_url: bool = False) -> None:
+                 check_url: bool = False, progress_stream: TextIO | None = None,
+                 progress_clock: Callable[[], float] = time.monotonic) -> None:
         self.base_url = base_url.rstrip("/")
         parts = urlsplit(self.base_url)
         segs = [s for s in parts.path.split("/") if s]
@@ -87,13 +73,17 @@ class Driver:
         self.proxy_root = urlunsplit((parts.scheme, parts.netloc, "/" + root_path if root_path else "", "", ""))
         self.label = label or self.engine or parts.netloc
         self.model = model
-        self.rng = random.Random(seed)
+        self.rng = random.Random(seed)  # the prompts' words
+        self.arrivals = random.Random(f"arrivals-{seed}")  # the Poisson gaps, apart from the prompts
         self.out_dir = out_dir
         self.records = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
         self.timeout_s = timeout_s
         self.session: aiohttp.ClientSession | None = None
         self.first_error: str | None = None  # "reason: detail" of the first failed request
         self.check_url = check_url  # check the base URL before the first request (the CLI does)
+        self.progress_stream = progress_stream  # None: stderr
+        self.progress_clock = progress_clock
+        self._progress: Progress | None = None  # the running cell's
 
     async def __aenter__(self) -> Driver:
         self.session = aiohttp.ClientSession(
@@ -133,6 +123,24 @@ class Driver:
         except (aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError, TimeoutError):
             return "default"
 
+    async def check_scenarios(self, names: list[str]) -> None:
+        """Refuse (UserError) to run when the proxy would record any of ``names`` as ``other``;
+        the base URL must then be the proxy's ``http://HOST:PORT/<engine>``."""
+        assert self.session is not None
+        await check_proxy_scenarios(self.session, self.proxy_root, self.engine, names)
+
+    def write_to(self, out_dir: Path) -> None:
+        """Keep the records and tables in ``out_dir`` from now on (the CLI sets it once its
+        checks have passed, so that a refused run leaves the directory as it was)."""
+        if self.records is not None:
+            self.records.close()
+        self.out_dir = out_dir
+        self.records = JsonlWriter(out_dir / "requests.jsonl")
+
+    def direct(self) -> None:
+        """The base URL is an engine itself: no proxy to announce rounds to."""
+        self.engine = None
+
     async def announce(self, scenario: str | None, round_: int) -> None:
         """Tell the proxy which scenario round is running; a direct engine ignores this."""
         if self.engine is None or self.session is None:
@@ -157,8 +165,10 @@ class Driver:
             body["prompt"] = prompt
         return body
 
-    async def one(self, cell: Cell, scenario: str, round_: int) -> dict[str, Any]:
-        """Send one request; return its record, judged by the shared core."""
+    async def one(self, cell: Cell, scenario: str, round_: int, due: Due | None = None,
+                  open_loop: bool = False) -> dict[str, Any]:
+        """Send one request; return its record, judged by the shared core.  ``due``: when it
+        was meant to go out (the schedule's time, open loop; its worker free, closed loop)."""
         assert self.session is not None
         body = json.dumps(self.body(cell)).encode()
         spec = RequestSpec.from_body(body)
@@ -186,39 +196,72 @@ class Driver:
             analyzer = StreamAnalyzer(t0, None, spec, streaming=True)
         result = analyzer.finish(time.monotonic(), error, detail)
         record = {"id": rid, "proxy_id": proxy_id, "engine": self.label, "scenario": scenario,
-                  "round": round_, "start_unix": round(wall, 6), **result.as_dict()}
+                  "round": round_, "start_unix": round(wall, 6), **result.as_dict(),
+                  **_schedule(wall, t0, due, result.e2e_s, open_loop)}
         if self.records is not None:
             self.records.write(record)
         if self.first_error is None and result.outcome != "success":
             self.first_error = f"{result.reason}: {result.detail}" if result.detail else str(result.reason)
         return record
 
+    @contextlib.asynccontextmanager
+    async def showing(self, label: str, planned: int) -> AsyncIterator[Progress]:
+        """Progress of ``planned`` requests on stderr while the block runs (see
+        :mod:`exporter.harness.progress`), a line at least every 10 s off a terminal."""
+        progress = Progress(f"{self.label} {label}", planned, stream=self.progress_stream,
+                            clock=self.progress_clock)
+        outer, self._progress = self._progress, progress
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                progress.heartbeat()
+
+        task = asyncio.create_task(beat())
+        try:
+            yield progress
+        finally:
+            task.cancel()
+            progress.close()
+            self._progress = outer
+
     async def run_round(self, cell: Cell, scenario: str, round_: int, n: int) -> tuple[list[dict[str, Any]], float]:
         """``n`` requests at the cell's load level; returns (records, duration in seconds)."""
-        progress = _Progress(f"{self.label} {scenario}#{round_}", n)
-        records: list[dict[str, Any]] = []
+        if self._progress is None:  # a round run on its own, not within a plan's cell
+            async with self.showing(f"{scenario}#{round_}", n) as progress:
+                return await self._round(cell, scenario, round_, n, progress)
+        self._progress.stage = "warm-up" if scenario == WARMUP else f"round {round_}/{cell.rounds}"
+        return await self._round(cell, scenario, round_, n, self._progress)
 
-        async def send() -> None:
-            rec = await self.one(cell, scenario, round_)
+    async def _round(self, cell: Cell, scenario: str, round_: int, n: int,
+                     progress: Progress) -> tuple[list[dict[str, Any]], float]:
+        records: list[dict[str, Any]] = []
+        wall0, start = time.time(), time.monotonic()  # one anchor: the due times keep their spacing
+        open_loop = cell.rate is not None
+
+        async def send(at: float) -> None:
+            rec = await self.one(cell, scenario, round_, Due(at, wall0 + (at - start)), open_loop)
             records.append(rec)
             progress.tick(rec["outcome"] == "success")
 
-        start = time.monotonic()
         if cell.concurrency is not None:
             remaining = iter(range(n))
 
             async def worker() -> None:
+                ready = start  # a closed loop's request is due when its worker is free
                 for _ in remaining:
-                    await send()
+                    await send(ready)
+                    ready = time.monotonic()
 
             await asyncio.gather(*(worker() for _ in range(min(cell.concurrency, n))))
         else:
             assert cell.rate is not None
-            tasks = []
-            for i in range(n):
+            tasks, at = [], start
+            for i in range(n):  # an absolute schedule: a late send does not push back the next
                 if i:
-                    await asyncio.sleep(self.rng.expovariate(cell.rate))
-                tasks.append(asyncio.create_task(send()))
+                    at += self.arrivals.expovariate(cell.rate)
+                    await asyncio.sleep(max(0.0, at - time.monotonic()))
+                tasks.append(asyncio.create_task(send(at)))
             await asyncio.gather(*tasks)
         return records, time.monotonic() - start
 
@@ -232,96 +275,18 @@ class Driver:
         return summary
 
 
-def _plan_from_args(args: argparse.Namespace) -> Plan:
-    if args.plan:
-        return load_plan(args.plan)
-    missing = [f for f in ("requests", "input_tokens", "output_tokens") if getattr(args, f) is None]
-    if args.concurrency is None and args.rate is None:
-        missing.append("concurrency or --rate")
-    if missing:
-        raise PlanError("without --plan, give --concurrency or --rate, --requests, --input-tokens and "
-                        f"--output-tokens (missing: {', '.join('--' + m.replace('_', '-') for m in missing)})")
-    cell = cell_from_options(scenario=args.scenario, input_tokens=args.input_tokens,
-                             output_tokens=args.output_tokens, requests=args.requests,
-                             concurrency=args.concurrency, rate=args.rate, rounds=args.rounds,
-                             warmup=args.warmup, chat=args.chat)
-    return Plan([Stage("adhoc", [cell], args.stop_after_failed_rounds)])
+@dataclass(frozen=True, slots=True)
+class Due:
+    """When a request was meant to go out: monotonic seconds, and the same instant in unix time."""
+
+    monotonic: float
+    unix: float
 
 
-async def _drive(args: argparse.Namespace, plan: Plan, out: Path | None) -> dict[str, Any]:
-    async with Driver(args.base_url, out, model=args.model or plan.model, seed=args.seed, label=args.label,
-                      timeout_s=args.timeout, check_url=True) as driver:
-        return await driver.run_plan(plan)
-
-
-def cmd_load(args: argparse.Namespace) -> int:
-    try:
-        args.base_url = check_url_syntax(args.base_url)
-        plan = _plan_from_args(args)
-        out = ensure_out_dir(args.out) if args.out else None
-        summary = asyncio.run(_drive(args, plan, out))
-    except (UserError, PlanError) as exc:
-        return fail("load", exc)
-    except OSError as exc:
-        if not args.out:
-            raise
-        return fail("load", f"cannot write under --out {args.out}: {exc.strerror or exc}")
-    except KeyboardInterrupt:
-        print("llm-bench-exporter load: interrupted", file=sys.stderr)
-        return 130
-    print(round_table([summary]))
-    failures = failure_summary([summary])
-    if out is not None:
-        print(f"tables in {out}/rounds.csv and {out}/summary.json")
-    if failures:
-        print(failures)
-    sent = sum(c["median"]["requests"] for c in summary["cells"])
-    if sent and not sum(c["median"]["success"] for c in summary["cells"]):
-        print(f"llm-bench-exporter load: no request succeeded; {failures}", file=sys.stderr)
-        return 1
-    return 0
-
-
-_NEEDS = ("A run without --plan needs --concurrency C or --rate R, --requests N, --input-tokens I and "
-          "--output-tokens O; a run with --plan takes every one of those from the plan file.")
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("load", help="drive benchmark load (closed or open loop)", description=(
-        "Closed-loop (--concurrency) or open-loop (--rate, Poisson arrivals) load against an OpenAI base "
-        "URL, judged by the proxy's own rules.  " + _NEEDS), formatter_class=HelpFormatter)
-    p.add_argument("--base-url", metavar="URL", required=True,
-                   help="OpenAI base URL (required), e.g. http://127.0.0.1:9464/vllm through the proxy")
-    p.add_argument("--scenario", metavar="NAME", default="adhoc", help="scenario label of the requests")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", metavar="C", type=positive_int,
-                      help="requests in flight at once, closed loop (default: none; without --plan give this "
-                           "or --rate)")
-    mode.add_argument("--rate", metavar="R", type=positive_float,
-                      help="requests per second, Poisson arrivals, open loop (default: none; without --plan give "
-                           "this or --concurrency)")
-    p.add_argument("--requests", metavar="N", type=positive_int,
-        help="requests per round (default: none; needed without --plan)")
-    p.add_argument("--rounds", metavar="N", type=positive_int, default=1, help="rounds per scenario")
-    p.add_argument("--warmup", metavar="N", type=non_negative_int, default=0, help="warm-up requests before the rounds")
-    p.add_argument("--input-tokens", metavar="I", type=positive_int,
-                   help="prompt length in tokens (words) (default: none; needed without --plan)")
-    p.add_argument("--output-tokens", metavar="O", type=positive_int,
-                   help="max_tokens of each request, with ignore_eos (default: none; needed without --plan)")
-    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")
-    p.add_argument("--plan", metavar="FILE",
-        help="plan YAML: stages of cells and sweeps, see examples/plans/ (default: none; "
-                                  "one cell from the options above)")
-    p.add_argument("--stop-after-failed-rounds", metavar="K", type=positive_int,
-                   help="stop after K consecutive rounds with a failed request (default: never)")
-    p.add_argument("--model", metavar="NAME", help="model name (default: the plan's, else the first of /v1/models)")
-    p.add_argument("--seed", metavar="N", type=int, default=0,
-        help="seed of the prompts' words and the Poisson arrivals")
-    p.add_argument("--timeout", metavar="SECONDS", type=positive_float, default=3600.0,
-        help="seconds one request may take")
-    p.add_argument("--label", metavar="NAME", help="engine name in the tables (default: the base URL's last path part, "
-                                   "else host:port)")
-    p.add_argument("--out", metavar="DIR",
-        help="directory for requests.jsonl, rounds.csv, summary.json (default: none, "
-                                 "nothing written)")
-    p.set_defaults(func=cmd_load, concurrency=None)
+def _schedule(wall: float, t0: float, due: Due | None, e2e_s: float | None, open_loop: bool) -> dict[str, Any]:
+    """The load driver's own schedule: when the request was due, how late it went out, and
+    (open loop) its E2E counted from when it was due, the coordinated-omission view."""
+    lag = max(0.0, t0 - due.monotonic) if due is not None else 0.0
+    from_intended = e2e_s + lag if open_loop and e2e_s is not None else None
+    return {"intended_start_unix": round(due.unix if due is not None else wall, 6), "schedule_lag_s": round(lag, 6),
+            "e2e_from_intended_s": None if from_intended is None else round(from_intended, 6)}

@@ -36,12 +36,14 @@ from pydantic.dataclasses import dataclass
 from exporter.proxy.config import Slo
 
 __all__ = ["Cell", "Stage", "Sweep", "Plan", "PlanError", "load_plan", "cell_from_options", "sweep_cells",
-           "MAX_SWEEP_LEVELS"]
+           "MAX_SWEEP_LEVELS", "WARMUP", "scenario_names"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 PosInt = Annotated[int, Field(ge=1)]
 PosFloat = Annotated[float, Field(gt=0)]
 MAX_SWEEP_LEVELS = 64
+#: the scenario label of every warm-up request (``evidence summarize`` leaves it out of its tables)
+WARMUP = "warmup"
 
 
 class PlanError(ValueError):
@@ -256,6 +258,15 @@ def load_plan(path: str | Path) -> Plan:
     except PlanError as exc:
         raise PlanError(f"{path}: {exc}") from None
     return Plan(stages, spec.model, spec.slo, str(path))
+
+
+def scenario_names(plan: Plan) -> list[str]:
+    """Every scenario label the plan's requests carry, in plan order: the cells' names, and
+    :data:`WARMUP` when a cell warms up."""
+    names = [c.scenario for st in plan.stages for c in st.cells]
+    if any(c.warmup for st in plan.stages for c in st.cells):
+        names.append(WARMUP)
+    return list(dict.fromkeys(names))
 
 
 def cell_from_options(**options: Any) -> Cell:

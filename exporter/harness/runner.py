@@ -13,27 +13,67 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from exporter.core.slo import slo_result
-from exporter.core.stats import SloLike, median_of_rounds, round_row
+from exporter.core.stats import SloLike, median, median_of_rounds, percentile, round_row
 from exporter.proxy.config import DEFAULT_SLO
 
-from .plan import Cell, Plan, Stage
+from .plan import WARMUP, Cell, Plan, Stage
 
-__all__ = ["run_plan", "first_error", "slo_breakdown"]
+__all__ = ["run_plan", "first_error", "slo_breakdown", "schedule_figures", "SCHEDULE_KEYS"]
 
 Record = dict[str, Any]
+
+#: the load driver's own schedule, per round (seconds): lag = actual minus intended send time;
+#: the E2E from the intended send time is open loop's only (None for a closed loop)
+SCHEDULE_KEYS = ("schedule_lag_p50_s", "schedule_lag_p99_s", "e2e_from_intended_p95_s")
 
 
 class Driver(Protocol):
     """What running a plan needs of a load driver (:class:`exporter.harness.load.Driver` is one)."""
 
     label: str
+    base_url: str
+    model: str | None
 
     async def announce(self, scenario: str | None, round_: int) -> None: ...
 
     async def run_round(self, cell: Cell, scenario: str, round_: int, n: int) -> tuple[list[Record], float]: ...
+
+    def showing(self, label: str, planned: int) -> AbstractAsyncContextManager[Any]: ...
+
+
+def schedule_figures(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Schedule-lag P50/P99 over every request, and the P95 of successes' E2E counted from
+    their intended send time (open loop)."""
+    lags = [r["schedule_lag_s"] for r in records if r.get("schedule_lag_s") is not None]
+    late = [r["e2e_from_intended_s"] for r in records
+            if r.get("outcome") == "success" and r.get("e2e_from_intended_s") is not None]
+    return {"schedule_lag_p50_s": percentile(lags, 50), "schedule_lag_p99_s": percentile(lags, 99),
+            "e2e_from_intended_p95_s": percentile(late, 95)}
+
+
+#: one name per figure, as in ``evidence summarize``: ``slo_attainment`` (met / all) is
+#: ``goodput_ratio`` (met / judged) but for client aborts
+DROPPED = ("slo_attainment",)
+
+
+def _figures(records: Sequence[Record], duration: float, slo: SloLike) -> dict[str, Any]:
+    row = {**round_row(records, duration, slo=slo), **schedule_figures(records)}
+    return {k: v for k, v in row.items() if k not in DROPPED}
+
+
+def _finish_medians(out: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    for key in DROPPED:
+        for part in (out, out["spread"], out["ci95"]):
+            part.pop(key, None)
+    for key in SCHEDULE_KEYS:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        out[key] = median(values)
+        out["spread"][key] = [min(values), max(values)] if values else None
+    return out
 
 
 def first_error(records: Sequence[Mapping[str, Any]]) -> str | None:
@@ -71,19 +111,19 @@ class _StageRun:
         return [c.scenario for c in self.stage.cells[self.stage.cells.index(cell) + 1:]]
 
 
-async def _run_cell(driver: Driver, run: _StageRun, cell: Cell) -> list[Record]:
-    """Warm-up, then the cell's rounds until the stop rule fires; returns the rounds' records."""
+async def _run_rounds(driver: Driver, run: _StageRun, cell: Cell) -> tuple[list[dict[str, Any]], list[list[Record]]]:
+    """Warm-up, then the cell's rounds until the stop rule fires: (rows, each round's records)."""
     stage, k = run.stage, run.stage.stop_after_failed_rounds
     rows: list[dict[str, Any]] = []
     per_round: list[list[Record]] = []
     if cell.warmup:
-        await driver.announce("warmup", 0)
-        await driver.run_round(cell, "warmup", 0, cell.warmup)
+        await driver.announce(WARMUP, 0)
+        await driver.run_round(cell, WARMUP, 0, cell.warmup)
     for r in range(1, cell.rounds + 1):
         await driver.announce(cell.scenario, r)
         records, duration = await driver.run_round(cell, cell.scenario, r, cell.requests)
         row = {"engine": driver.label, "stage": stage.name, "scenario": cell.scenario, "round": r,
-               **round_row(records, duration, slo=run.slo)}
+               **_figures(records, duration, run.slo)}
         rows.append(row)
         per_round.append(records)
         run.streak = run.streak + 1 if row["failures"] else 0
@@ -92,10 +132,18 @@ async def _run_cell(driver: Driver, run: _StageRun, cell: Cell) -> list[Record]:
                         "reason": f"{k} consecutive rounds with a failed request",
                         "skipped": run.skipped_after(cell), "first_error": first_error(records)}
             break
+    return rows, per_round
+
+
+async def _run_cell(driver: Driver, run: _StageRun, cell: Cell) -> list[Record]:
+    """One cell with its progress shown; returns the rounds' records."""
+    async with driver.showing(cell.scenario, cell.warmup + cell.rounds * cell.requests):
+        rows, per_round = await _run_rounds(driver, run, cell)
     await driver.announce(None, 0)
     # the bootstrap interval takes a while: off the event loop
-    median = await asyncio.to_thread(median_of_rounds, rows, per_round, slo=run.slo)
-    run.cells.append({"stage": stage.name, "cell": dataclasses.asdict(cell), "rounds": rows, "median": median})
+    medians = await asyncio.to_thread(median_of_rounds, rows, per_round, slo=run.slo)
+    run.cells.append({"stage": run.stage.name, "cell": dataclasses.asdict(cell), "rounds": rows,
+                      "median": _finish_medians(medians, rows)})
     return [rec for records in per_round for rec in records]
 
 

@@ -174,7 +174,10 @@ async def _generate(request: web.Request) -> web.StreamResponse:
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         await _prefill(sim, job)
-        await _stream(request, resp, sim, job)
+        try:
+            await _stream(request, resp, sim, job)
+        except ConnectionResetError:  # the client hung up: as an engine, stop generating, no traceback
+            sim.hangups += 1
         return resp
     finally:
         sim.running -= 1

@@ -132,6 +132,7 @@ class SimEngine:
         self.running = 0
         self.waiting = 0
         self.kv_tokens = 0
+        self.hangups = 0  # streams the client left before their end
         self.metrics = _EngineMetrics(params.profile, params.model, registry)
         self.window = ThroughputWindow()
         if params.profile == "sglang":  # computed when /metrics is scraped, not per token

@@ -1,11 +1,20 @@
-"""Round tables: ``rounds.csv`` and ``summary.json`` on disk, and the text table printed by
-``load`` and ``demo``.
+"""The load driver's round tables: ``rounds.csv`` and ``summary.json`` on disk, and the text
+table printed by ``load`` and ``demo``.
 
-Each figure is the median over rounds with, beside it, the rounds' spread
-``[min-max]``; a bootstrap 95 % interval of the median follows on its own line when the
-rounds had enough requests.  Goodput is the SLO's: requests that met the SLO over
-judged requests (failures count against it), and the output tokens of those requests per
-second.
+Every figure here is client-side: timed by the load driver from its own send to the last byte
+it read, so it includes the network and the proxy's hop; the proxy's records (``evidence
+summarize``) are the primary numbers.  The text table is for people: milliseconds and
+percent.  The CSV and JSON keep base units, named in each column (``_s`` seconds, ``_ratio``
+and ``_attainment`` 0..1, ``_tok_s`` tokens per second; the rest are counts).
+
+Each figure is the median over rounds with, beside it, the rounds' spread ``[min-max]``; a
+bootstrap 95 % interval of the median follows on its own line when the rounds had enough
+requests, for the figures whose interval has a width (a figure that resampling cannot move,
+such as the throughput of fixed-length outputs, has none, and one round has no round-to-round
+noise estimate at all).  Goodput is the SLO's: requests that met the SLO over judged requests
+(failures count against it), and the output tokens of those requests per second.  Beside them,
+the driver's own schedule: the P50/P99 of how late each request went out (actual minus
+intended send time) and, open loop, the E2E P95 counted from the intended send time.
 """
 
 from __future__ import annotations
@@ -16,23 +25,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROUND_COLUMNS", "write_tables", "round_table", "failure_summary"]
+__all__ = ["ROUND_COLUMNS", "TITLE", "write_tables", "round_table", "failure_summary"]
 
 ROUND_COLUMNS = (
     "engine", "stage", "scenario", "round", "requests", "success", "failures", "failure_reasons",
     "duration_s", "success_output_tokens", "output_throughput_tok_s", "ttft_p50_s", "ttft_p95_s",
-    "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_ttft_attainment", "slo_tpot_attainment", "slo_attainment",
+    "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_ttft_attainment", "slo_tpot_attainment",
     "judged", "slo_met", "goodput_ratio", "goodput_output_tokens", "goodput_tok_s",
+    "schedule_lag_p50_s", "schedule_lag_p99_s", "e2e_from_intended_p95_s",
 )
+
+#: the first line of every text table: where its numbers come from
+TITLE = ("load driver's round table, client-side (timed at the client, network and proxy hop included; "
+         "the proxy's records are the primary numbers: evidence summarize)")
 
 #: (median key, column title, scale, decimals) of the text table
 _FIGURES: tuple[tuple[str, str, float, int], ...] = (
     ("output_throughput_tok_s", "tok/s", 1.0, 1),
     ("goodput_ratio", "goodput %", 100.0, 1),
     ("goodput_tok_s", "good tok/s", 1.0, 1),
-    ("ttft_p95_s", "TTFT P95 s", 1.0, 3),
+    ("ttft_p95_s", "TTFT P95 ms", 1000.0, 1),
     ("tpot_p95_s", "TPOT P95 ms", 1000.0, 1),
-    ("e2e_p95_s", "E2E P95 s", 1.0, 3),
+    ("e2e_p95_s", "E2E P95 ms", 1000.0, 1),
+    ("e2e_from_intended_p95_s", "sched E2E P95 ms", 1000.0, 1),
 )
 
 
@@ -61,15 +76,30 @@ def _figure(median: Mapping[str, Any], key: str, scale: float, nd: int) -> str:
     text = _num(median.get(key), scale, nd)
     lo_hi = (median.get("spread") or {}).get(key)
     if lo_hi and None not in lo_hi and median.get("rounds", 1) > 1:
-        text += f" [{_num(lo_hi[0], scale, nd)}-{_num(lo_hi[1], scale, nd)}]"
+        lo, hi = _num(lo_hi[0], scale, nd), _num(lo_hi[1], scale, nd)
+        text += f" [{lo}-{hi}]" if lo != hi else ""
     return text
 
 
 def _ci_line(median: Mapping[str, Any]) -> str | None:
+    """The 95 % intervals that have a width; never one that reads ``x-x``."""
     ci = median.get("ci95") or {}
-    parts = [f"{title} {_num(ci[key][0], scale, nd)}-{_num(ci[key][1], scale, nd)}"
-             for key, title, scale, nd in _FIGURES if ci.get(key)]
-    return "    95% CI of the median: " + ", ".join(parts) if parts else None
+    parts = []
+    for key, title, scale, nd in _FIGURES:
+        lo_hi = ci.get(key)
+        if lo_hi and None not in lo_hi:
+            lo, hi = _num(lo_hi[0], scale, nd), _num(lo_hi[1], scale, nd)
+            if lo != hi:
+                parts.append(f"{title} {lo}-{hi}")
+    if not parts:
+        return None
+    one = "; one round: no round-to-round noise" if median.get("rounds", 1) < 2 else ""
+    return "    95% CI of the median (requests resampled): " + ", ".join(parts) + one
+
+
+def _lag(median: Mapping[str, Any]) -> str:
+    p50, p99 = median.get("schedule_lag_p50_s"), median.get("schedule_lag_p99_s")
+    return "-" if p50 is None or p99 is None else f"{p50 * 1000:.2f}/{p99 * 1000:.2f}"
 
 
 def _sweep_lines(engine: str, sweep: Mapping[str, Any]) -> list[str]:
@@ -110,17 +140,17 @@ def _cell_rows(s: Mapping[str, Any]) -> list[tuple[list[str], str | None]]:
     for cell in s.get("cells", []):
         m = cell["median"]
         figs = [_figure(m, key, scale, nd) for key, _, scale, nd in _FIGURES]
-        out.append(([str(s["engine"]), cell["cell"]["scenario"], f"{m['success']}/{m['requests']}", *figs],
-                    _ci_line(m)))
+        out.append(([str(s["engine"]), cell["cell"]["scenario"], f"{m['success']}/{m['requests']}", *figs,
+                     _lag(m)], _ci_line(m)))
     return out
 
 
 def round_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     """The text table: one line per cell (median [spread]), CI lines, stops and sweeps."""
-    head = ["engine", "scenario", "success", *(title for _, title, _, _ in _FIGURES)]
+    head = ["engine", "scenario", "success", *(title for _, title, _, _ in _FIGURES), "lag P50/P99 ms"]
     cells = [row for s in summaries for row in _cell_rows(s)]
     grid = _grid([head] + [r for r, _ in cells])
-    lines = [grid[0], "-" * max(len(g) for g in grid)]
+    lines = [TITLE, grid[0], "-" * max(len(g) for g in grid)]
     for text, (_, ci) in zip(grid[1:], cells):
         lines.append(text)
         if ci:
@@ -136,6 +166,9 @@ def round_table(summaries: Sequence[Mapping[str, Any]]) -> str:
         lines.append(f"SLO: TTFT <= {slo['ttft_s']} s and TPOT <= {slo['tpot_s'] * 1000:g} ms; "
                      "goodput % = requests that met it / judged requests (failures count against it); "
                      "[min-max] = spread over rounds")
+    lines.append("lag = how late the load driver sent each request (actual minus intended send time); "
+                 "sched E2E = E2E from the intended send time (open loop only: what a client that falls "
+                 "behind its schedule hides from the usual E2E)")
     return "\n".join(lines)
 
 

@@ -14,13 +14,14 @@ import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from aiohttp import hdrs, web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from .config import Config, Engine
 from .exchange import Exchange, forward_headers, json_error
+from .exposition import metrics_response
 from .gpu import GpuCollector, make_source, poll_forever
-from .scenario_api import scenario_handler
+from .scenario_api import scenario_handler, scenarios_handler
 from .state import CONFIG, STATE, ProxyState, Worker
 
 __all__ = ["create_app", "CONFIG", "STATE", "ProxyState", "Worker"]
@@ -77,16 +78,19 @@ async def _passthrough(state: ProxyState, request: web.Request, engine: Engine, 
 
 async def _metrics_handler(request: web.Request) -> web.Response:
     session = request.app.get(METRICS_SESSION)
-    if session is not None:  # serve: the supervisor renders every worker's values, in its own process
-        try:
-            async with session.get("http://supervisor/metrics") as resp:
-                return web.Response(status=resp.status, body=await resp.read(),
-                                    headers={"Content-Type": resp.headers.get("Content-Type", CONTENT_TYPE_LATEST)})
-        except (aiohttp.ClientError, OSError) as exc:
-            return web.Response(status=503, text=f"metrics renderer unavailable: {exc}\n")
-    # In-process app (tests, embedding): render in a thread (it still holds the GIL: serve does not).
-    data = await asyncio.to_thread(generate_latest, request.app[STATE].registry)
-    return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    if session is None:  # in-process app (tests, embedding): rendered here, in a thread
+        return await metrics_response(request, request.app[STATE].registry)
+    # serve: the supervisor renders every worker's values, in its own process; the format and
+    # the compression it chose pass through as they are
+    asked = {k: v for k in (hdrs.ACCEPT, hdrs.ACCEPT_ENCODING) if (v := ",".join(request.headers.getall(k, [])))}
+    try:
+        async with session.get("http://supervisor/metrics", headers=asked, params=request.rel_url.query) as resp:
+            headers = {hdrs.CONTENT_TYPE: resp.headers.get(hdrs.CONTENT_TYPE, CONTENT_TYPE_LATEST)}
+            if hdrs.CONTENT_ENCODING in resp.headers:
+                headers[hdrs.CONTENT_ENCODING] = resp.headers[hdrs.CONTENT_ENCODING]
+            return web.Response(status=resp.status, body=await resp.read(), headers=headers)
+    except (aiohttp.ClientError, OSError) as exc:
+        return web.Response(status=503, text=f"metrics renderer unavailable: {exc}\n")
 
 
 async def _healthy(request: web.Request) -> web.Response:
@@ -109,7 +113,8 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
     sock = state.worker.metrics_socket
     if sock is not None:
-        app[METRICS_SESSION] = aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(sock)))
+        app[METRICS_SESSION] = aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(sock)),
+                                                     auto_decompress=False)
     state.loop_lag.start(asyncio.get_running_loop())
     try:
         yield
@@ -165,6 +170,7 @@ def create_app(config: Config, registry: CollectorRegistry | None = None, worker
     app.router.add_get("/-/healthy", _healthy)
     app.router.add_get("/-/ready", _ready)
     app.router.add_post("/-/scenario", scenario_handler)
+    app.router.add_get("/-/scenarios", scenarios_handler)
     app.router.add_post(r"/{engine}/{path:v1/completions|v1/chat/completions}", _engine_handler)
     app.router.add_get(r"/{engine}/{path:v1/models|health}", _engine_handler)
     return app

@@ -4,8 +4,9 @@ the callback that received it, with no coroutine wake-up per read.
 aiohttp's client parses the upstream's HTTP framing (chunked or not) in C and hands each
 body read to the response's ``StreamReader.feed_data``; a coroutine would then wake up per
 read to take it (``iter_any``) and another to write it (``StreamResponse.write``).  Here the
-response's reader is switched, once its headers have arrived, to :class:`_SpliceReader`,
-whose ``feed_data`` calls :meth:`Splice.on_data`: stamp the arrival time, write the bytes to
+response's reads are redirected, once its headers have arrived, to :meth:`Splice.on_data`
+(:func:`exporter.proxy.internals.redirect_reads`, the one private aiohttp contract the
+proxy relies on, tested on its own): stamp the arrival time, write the bytes to
 the client's transport (chunk-framed when the client's response is chunked), then feed the
 analyzer.  The coroutine that owns the request sleeps until the stream ends, fails, times
 out, or the client's write buffer fills (then the upstream is paused until it drains).
@@ -20,14 +21,14 @@ from typing import Any
 
 from aiohttp.streams import StreamReader
 
+from .internals import redirect_reads, restore_reads
+
 __all__ = ["Splice", "ClientGone", "ProxyFault", "HIGH_WATER"]
 
 #: client write buffer (bytes) above which the upstream is paused until the client drains
 HIGH_WATER = 256 << 10
 #: how often a back-pressure episode looks whether the client has caught up (seconds)
 BACKPRESSURE_POLL_S = 0.005
-
-_SINKS: dict[int, Splice] = {}
 
 
 class ClientGone(Exception):
@@ -36,37 +37,6 @@ class ClientGone(Exception):
 
 class ProxyFault(Exception):
     """Our own code failed on a read (the analyzer, the usage filter): never the engine's fault."""
-
-
-class _SpliceReader(StreamReader):
-    """A StreamReader whose reads go to a :class:`Splice` instead of a buffer (same layout:
-    the response's reader object is switched to this class in place)."""
-
-    __slots__ = ()
-
-    def feed_data(self, data: bytes, size: int = 0) -> bool:
-        sink = _SINKS.get(id(self))
-        if sink is not None and data:
-            sink.on_data(data)
-        return False
-
-    def feed_eof(self) -> None:
-        StreamReader.feed_eof(self)  # runs aiohttp's end-of-body callbacks (connection release)
-        sink = _SINKS.get(id(self))
-        if sink is not None:
-            sink.end(None)
-
-    def set_exception(self, exc: BaseException, *args: Any) -> None:
-        StreamReader.set_exception(self, exc, *args)
-        sink = _SINKS.get(id(self))
-        if sink is not None:
-            sink.end(exc)
-
-    def begin_http_chunk_receiving(self) -> None:
-        pass
-
-    def end_http_chunk_receiving(self) -> None:
-        pass
 
 
 class Splice:
@@ -210,10 +180,7 @@ class Splice:
         elif reader.is_eof():
             self.end(None)
         if not self.ended:
-            if type(reader) is not StreamReader:
-                raise TypeError(f"cannot splice a {type(reader).__name__}")
-            reader.__class__ = _SpliceReader
-            _SINKS[id(reader)] = self
+            redirect_reads(reader, self)
             self._check_deadline(loop, first_byte_at, idle_s)
         try:
             while not self.ended:
@@ -222,9 +189,7 @@ class Splice:
                 if self.paused and not self.ended:
                     await self._drain(writer)
         finally:
-            _SINKS.pop(id(reader), None)
-            if type(reader) is _SpliceReader:
-                reader.__class__ = StreamReader  # type: ignore[assignment]
+            restore_reads(reader)
             self.ended = True
             if self._timer is not None:
                 self._timer.cancel()

@@ -1,4 +1,4 @@
-"""The event loop's own lateness, measured all the time the proxy runs.
+"""The event loop's own lateness, measured while requests are in flight.
 
 A timestamp taken on the loop is late by however long the loop was busy (or blocked)
 before it got to the socket that became readable.  The probe measures exactly that: a
@@ -13,6 +13,11 @@ per-epoch maxima (``EPOCH_S`` wide), from which :meth:`LoopLag.max_since` gives 
 the largest lag seen while it was in flight: its ``timing_uncertainty_s``, an upper bound on
 how late any of its timestamps can be (one epoch of slack on each side keeps it an upper
 bound).
+
+The probe sleeps once no request has been in flight for ``LINGER_S`` and wakes with the
+next request (:meth:`LoopLag.mark`): an idle proxy wakes no core.  A stall while it sleeps
+holds up no request in flight; a request that arrives during one is charged what the probe
+sees from one period after its arrival.
 """
 
 from __future__ import annotations
@@ -28,12 +33,15 @@ from collections import deque
 from itertools import islice
 from collections.abc import Callable
 
-__all__ = ["LoopLag", "PERIOD_S", "EPOCH_S", "LAG_BUCKETS"]
+__all__ = ["LoopLag", "PERIOD_S", "EPOCH_S", "LINGER_S", "LAG_BUCKETS"]
 
 log = logging.getLogger("llmbench.proxy")
 
-PERIOD_S = 0.002  # 500 probes a second: ~0.3 % of one core
+PERIOD_S = 0.002  # 500 probes a second while requests are in flight
 EPOCH_S = 0.1
+#: the probe sleeps once no request has been in flight for this long (an idle proxy wakes
+#: no core: 500 wake-ups a second cost 2 % of a core and preempt a CPU-bound engine)
+LINGER_S = 1.0
 #: 50 µs .. 1 s; 1 ms, the alert's threshold, is a bound.
 LAG_BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
@@ -50,25 +58,43 @@ class _ITimerSpec(ctypes.Structure):
     _fields_ = [("it_interval", _TimeSpec), ("it_value", _TimeSpec)]
 
 
-def _timerfd(period_s: float) -> tuple[int, float] | None:
-    """A non-blocking CLOCK_MONOTONIC timerfd firing every ``period_s``; (fd, first expiry)."""
+def _libc() -> ctypes.CDLL | None:
     if not hasattr(os, "O_NONBLOCK") or os.uname().sysname != "Linux":
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _arm(libc: ctypes.CDLL, fd: int, period_s: float) -> float | None:
+    """Make ``fd`` fire every ``period_s`` from one period on (0: disarm); the first expiry."""
+    first = time.monotonic() + period_s
+    nsec = int(period_s * 1e9)
+    spec = (_ITimerSpec(_TimeSpec(nsec // 1_000_000_000, nsec % 1_000_000_000),
+                        _TimeSpec(int(first), int((first % 1.0) * 1e9)))
+            if period_s > 0 else _ITimerSpec(_TimeSpec(0, 0), _TimeSpec(0, 0)))
+    if libc.timerfd_settime(fd, 1, ctypes.byref(spec), None) != 0:  # 1: TFD_TIMER_ABSTIME
+        return None
+    return int(first) + int((first % 1.0) * 1e9) / 1e9
+
+
+def _timerfd(period_s: float) -> tuple[int, float] | None:
+    """A non-blocking CLOCK_MONOTONIC timerfd firing every ``period_s``; (fd, first expiry)."""
+    libc = _libc()
+    if libc is None:
+        return None
+    try:
         fd = libc.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             return None
-        first = time.monotonic() + period_s
-        nsec = int(period_s * 1e9)
-        spec = _ITimerSpec(_TimeSpec(nsec // 1_000_000_000, nsec % 1_000_000_000),
-                           _TimeSpec(int(first), int((first % 1.0) * 1e9)))
-        if libc.timerfd_settime(fd, 1, ctypes.byref(spec), None) != 0:  # 1: TFD_TIMER_ABSTIME
+        first = _arm(libc, fd, period_s)
+        if first is None:
             os.close(fd)
             return None
-    except (OSError, AttributeError):
+    except AttributeError:
         return None
-    return fd, int(first) + int((first % 1.0) * 1e9) / 1e9
+    return fd, first
 
 
 class LoopLag:
@@ -88,20 +114,28 @@ class LoopLag:
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0
         self.kind = "off"
+        self._libc: ctypes.CDLL | None = None
+        self.armed = False  # sampling now (else asleep: no request in flight for LINGER_S)
+        self._active = 0  # requests marked and not yet asked for their max_since
+        self._idle_since = time.monotonic()
 
     # -- sampling ------------------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Sample from now on; asleep whenever no request was in flight for ``LINGER_S``."""
         self._loop = loop
+        self._idle_since = time.monotonic()
         made = _timerfd(self.period_s)
         if made is not None:
             self._fd, self._first_expiry = made
+            self._libc = _libc()
             loop.add_reader(self._fd, self._on_timerfd)
             self.kind = "timerfd"
         else:
             self._due = time.monotonic() + self.period_s
             self._timer = loop.call_later(self.period_s, self._on_timer)
             self.kind = "timer"
+        self.armed = True
 
     def stop(self) -> None:
         if self._fd >= 0 and self._loop is not None:
@@ -111,6 +145,30 @@ class LoopLag:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.armed = False
+
+    def _wake(self) -> None:
+        """A request arrived while the probe slept: sample again, from one period on."""
+        if self._loop is None:
+            return
+        if self._fd >= 0 and self._libc is not None:
+            first = _arm(self._libc, self._fd, self.period_s)
+            if first is None:
+                return
+            self._first_expiry, self._expiries = first, 0
+        elif self.kind == "timer":
+            self._due = time.monotonic() + self.period_s
+            self._timer = self._loop.call_later(self.period_s, self._on_timer)
+        self.armed = True
+
+    def _sleep_when_idle(self, now: float) -> bool:
+        """Stop sampling once no request was in flight for LINGER_S; True when it did."""
+        if self._active or now - self._idle_since < LINGER_S:
+            return False
+        if self._fd >= 0 and self._libc is not None:
+            _arm(self._libc, self._fd, 0.0)
+        self.armed = False
+        return True
 
     def _on_timerfd(self) -> None:
         try:
@@ -131,13 +189,16 @@ class LoopLag:
         oldest, self._unsampled = self._unsampled, None
         if oldest is not None:
             self._sample(now, max(0.0, now - oldest))
+        self._sleep_when_idle(now)
 
     def _on_timer(self) -> None:
         now = time.monotonic()
         assert self._loop is not None
         self._sample(now, max(0.0, now - self._due))
-        self._due = now + self.period_s
-        self._timer = self._loop.call_later(self.period_s, self._on_timer)
+        self._timer = None
+        if not self._sleep_when_idle(now):
+            self._due = now + self.period_s
+            self._timer = self._loop.call_later(self.period_s, self._on_timer)
 
     def _sample(self, now: float, lag: float) -> None:
         epochs = self._epochs
@@ -157,11 +218,17 @@ class LoopLag:
     # -- per request ---------------------------------------------------------------------------
 
     def mark(self) -> float:
-        """A request starts: remember when (monotonic seconds)."""
+        """A request starts: remember when (monotonic seconds); the probe samples until the
+        matching :meth:`max_since` and ``LINGER_S`` after the last one."""
+        self._active += 1
+        if not self.armed:
+            self._wake()
         return time.monotonic()
 
     def pending(self, now: float) -> float:
         """How late the loop is right now: an expiry not yet read is waiting this long."""
+        if not self.armed:
+            return 0.0
         if self._fd >= 0:
             oldest = self._first_expiry + self._expiries * self.period_s
             if self._unsampled is not None:
@@ -170,8 +237,13 @@ class LoopLag:
         return max(0.0, now - self._due) if self._timer is not None else 0.0
 
     def max_since(self, start: float) -> float:
-        """The largest lag sampled since ``start`` (one epoch of slack either side), or now pending."""
+        """The largest lag sampled since ``start`` (one epoch of slack either side), or now
+        pending; the request that :meth:`mark` gave ``start`` is done."""
         now = time.monotonic()
+        if self._active > 0:
+            self._active -= 1
+            if not self._active:
+                self._idle_since = now
         worst = self.pending(now)
         epochs = self._epochs
         if epochs:

@@ -1,4 +1,5 @@
-"""``POST /-/scenario``: set or clear the active scenario round.
+"""``POST /-/scenario``: set or clear the active scenario round; ``GET /-/scenarios``: what
+may be set (the configured scenario names and engines) and this ``serve`` start's run id.
 
 ``{"scenario": null}`` or ``{"scenario": "none"}`` clears; a name longer than
 :data:`~exporter.proxy.scenarios.MAX_NAME` characters is refused (400) and never echoed or logged.
@@ -15,7 +16,7 @@ from .exchange import json_error
 from .scenarios import CLEAR, MAX_NAME, MAX_ROUND
 from .state import STATE
 
-__all__ = ["scenario_handler", "check_request"]
+__all__ = ["scenario_handler", "scenarios_handler", "check_request"]
 
 
 def check_request(doc: Any, engine_known: Callable[[str], bool]) -> str | None:
@@ -47,3 +48,11 @@ async def scenario_handler(request: web.Request) -> web.Response:
     engines = state.scenarios.set(name, rnd, doc.get("engine"))
     label = None if name is None or name in CLEAR else state.scenarios.label(name)
     return web.json_response({"scenario": label, "round": rnd, "engines": engines})
+
+
+async def scenarios_handler(request: web.Request) -> web.Response:
+    """Read-only: ``{"scenarios": [configured names], "engines": [names], "run_id": id}``."""
+    state = request.app[STATE]
+    return web.json_response({"scenarios": list(state.scenarios.names),
+                              "engines": [e.name for e in state.config.engines],
+                              "run_id": state.worker.run_id})

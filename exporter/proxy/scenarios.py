@@ -8,9 +8,10 @@ interval can still be found from Prometheus alone:
   cleared or replaced (absent while it runs).
 
 Only the last :data:`MAX_ROUNDS` rounds (``(scenario, round)`` pairs) keep their series; older
-ones are removed.  Under ``serve --workers N`` (prometheus_client's multiprocess mode) the
-timestamps aggregate with ``max`` across workers; that mode cannot remove a series, so there
-old rounds stay until restart.
+ones are removed.  Under ``serve`` (any ``--workers``) the rounds travel in the shared
+scenario state and the supervisor renders these gauges from it
+(:class:`exporter.proxy.shared.ScenarioInfoCollector`): prometheus_client's multiprocess
+mode cannot remove a series.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Gauge
 
@@ -27,7 +29,8 @@ from exporter.core.timefmt import iso
 from exporter.proxy.metrics import ProxyMetrics
 from exporter.proxy.records import JsonlWriter
 
-__all__ = ["ScenarioBoard", "Active", "MAX_ROUND", "MAX_NAME", "MAX_ROUNDS", "CLEAR"]
+__all__ = ["ScenarioBoard", "Active", "RoundTimes", "MAX_ROUND", "MAX_NAME", "MAX_ROUNDS", "CLEAR",
+           "START_NAME", "START_HELP", "END_NAME", "END_HELP"]
 
 MAX_ROUND = 1_000_000
 #: the longest scenario name accepted (as the config's ``scenarios`` entries)
@@ -52,34 +55,50 @@ class Active:
     round: int
 
 
+START_NAME = "llmbench_scenario_round_start_timestamp_seconds"
+START_HELP = "Unix time a scenario round was set (last 256 rounds)."
+END_NAME = "llmbench_scenario_round_end_timestamp_seconds"
+END_HELP = "Unix time a scenario round was cleared or replaced (last 256 rounds)."
+#: one kept round as :meth:`RoundTimes.export` gives it: scenario, round, {engine: [start, end or None]}
+RoundRow = tuple[str, str, dict[str, list[float | None]]]
+
+
 class RoundTimes:
-    """Start and end gauges of the last ``limit`` rounds."""
+    """Start and end times of the last ``limit`` rounds, and their gauges.
+
+    Under ``serve`` (:meth:`share`) the gauges are not this process's: the rounds travel in
+    the shared scenario state (:meth:`export`, :meth:`load`) and the supervisor renders them
+    from there, so that old rounds go whatever the number of workers."""
 
     def __init__(self, metrics: ProxyMetrics, limit: int = MAX_ROUNDS) -> None:
         registry = metrics.registry
-        self.start = Gauge(
-            "llmbench_scenario_round_start_timestamp_seconds",
-            "Unix time a scenario round was set (last 256 rounds).",
-            _ROUND_LABELS, registry=registry, multiprocess_mode="max",
-        )
-        self.end = Gauge(
-            "llmbench_scenario_round_end_timestamp_seconds",
-            "Unix time a scenario round was cleared or replaced (last 256 rounds).",
-            _ROUND_LABELS, registry=registry, multiprocess_mode="max",
-        )
+        self._registry = registry
+        self.start: Gauge | None = Gauge(START_NAME, START_HELP, _ROUND_LABELS, registry=registry,
+                                         multiprocess_mode="max")
+        self.end: Gauge | None = Gauge(END_NAME, END_HELP, _ROUND_LABELS, registry=registry,
+                                       multiprocess_mode="max")
         self.limit = limit
         self.removable = not _multiprocess()  # multiprocess mode cannot remove a series
-        # (scenario, round) -> {engine: has an end timestamp}, oldest first
-        self._rounds: OrderedDict[tuple[str, str], dict[str, bool]] = OrderedDict()
+        # (scenario, round) -> {engine: [start, end or None]}, oldest first
+        self._rounds: OrderedDict[tuple[str, str], dict[str, list[float | None]]] = OrderedDict()
+
+    def share(self) -> None:
+        """From now on keep the times only; the gauges are rendered elsewhere."""
+        for gauge in (self.start, self.end):
+            if gauge is not None:
+                self._registry.unregister(gauge)
+        self.start = self.end = None
 
     def started(self, engine: str, act: Active, now: float) -> None:
         key = (act.scenario, str(act.round))
         engines = self._rounds.pop(key, {})
         self._rounds[key] = engines  # now the most recent
-        if engines.get(engine) and self.removable:
+        old = engines.get(engine)
+        if old is not None and old[1] is not None and self.end is not None and self.removable:
             self.end.remove(engine, *key)  # a round run again has no end until it ends again
-        engines[engine] = False
-        self.start.labels(engine, *key).set(now)
+        engines[engine] = [now, None]
+        if self.start is not None:
+            self.start.labels(engine, *key).set(now)
         self._evict()
 
     def ended(self, engine: str, act: Active, now: float) -> None:
@@ -88,17 +107,28 @@ class RoundTimes:
         if engines is None:  # started by another worker of ``serve --workers N``
             engines = self._rounds[key] = {}
             self._evict()
-        engines[engine] = True
-        self.end.labels(engine, *key).set(now)
+        times = engines.setdefault(engine, [None, None])
+        times[1] = now
+        if self.end is not None:
+            self.end.labels(engine, *key).set(now)
 
     def _evict(self) -> None:
         while len(self._rounds) > self.limit:
             old, old_engines = self._rounds.popitem(last=False)
-            if self.removable:
-                for e, has_end in old_engines.items():
+            if self.removable and self.start is not None and self.end is not None:
+                for e, (_, end) in old_engines.items():
                     self.start.remove(e, *old)  # a no-op where this process never set it
-                    if has_end:
+                    if end is not None:
                         self.end.remove(e, *old)
+
+    def export(self) -> list[RoundRow]:
+        """The kept rounds, oldest first."""
+        return [(scenario, rnd, engines) for (scenario, rnd), engines in self._rounds.items()]
+
+    def load(self, rows: list[Any]) -> None:
+        """Replace the kept rounds with ``rows`` (as :meth:`export` gave them)."""
+        self._rounds = OrderedDict(((str(sc), str(rnd)), {e: list(t) for e, t in engines.items()})
+                                   for sc, rnd, engines in rows[-self.limit:])
 
     def __len__(self) -> int:
         return len(self._rounds)

@@ -4,12 +4,15 @@
 :class:`~exporter.proxy.scenarios.ScenarioBoard` (which writes ``scenarios.jsonl`` once) and
 publishes the result into a small memory-mapped file; every worker checks the file's version
 (an 8-byte read, no system call) before it resolves a request's scenario, so the next request
-on any worker carries the new label.  The supervisor renders ``llmbench_scenario_info`` from
-the same file (:class:`ScenarioInfoCollector`): one series per active round, none when
-cleared, however many workers there are.
+on any worker carries the new label.  The supervisor renders ``llmbench_scenario_info`` and
+the round start/end gauges from the same file (:class:`ScenarioInfoCollector`): one info
+series per active round, none when cleared, and the last 256 rounds' times, however many
+workers there are.
 
 Layout: version (u64; odd while a writer is mid-way), length (u32), JSON
-``{engine: [scenario, round, since_unix]}``.  Writers hold ``flock`` on the file.
+``{"active": {engine: [scenario, round, since_unix]}, "rounds": [[scenario, round,
+{engine: [start_unix, end_unix or null]}], ...]}`` (rounds oldest first).  Writers hold
+``flock`` on the file.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from .scenarios import Active
+from .scenarios import END_HELP, END_NAME, START_HELP, START_NAME, Active
 
 __all__ = ["SharedScenarios", "SharedBoard", "ScenarioInfoCollector"]
 
-_SIZE = 1 << 20  # engines x names of up to 128 characters fit many times over
+_SIZE = 4 << 20  # 256 rounds x dozens of engines, names of up to 128 characters (a sparse file)
 _HEAD = struct.Struct("=QI")
 
 
@@ -52,7 +55,7 @@ class SharedScenarios:
     def version(self) -> int:
         return int(_HEAD.unpack_from(self._map, 0)[0])
 
-    def read(self) -> tuple[int, dict[str, list[Any]]]:
+    def read(self) -> tuple[int, dict[str, Any]]:
         """(version, state); retried while a writer is mid-way (seqlock)."""
         for _ in range(10_000):
             before, length = _HEAD.unpack_from(self._map, 0)
@@ -71,7 +74,7 @@ class SharedScenarios:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def write_locked(self, state: dict[str, list[Any]]) -> None:
+    def write_locked(self, state: dict[str, Any]) -> None:
         """Publish ``state``; the caller holds :meth:`locked`."""
         payload = json.dumps(state, separators=(",", ":")).encode()
         if _HEAD.size + len(payload) > _SIZE:
@@ -97,13 +100,16 @@ class SharedBoard:
         self._shared = shared
         self._seen = -1
         self._since: dict[str, float] = {}
+        board.rounds.share()  # the supervisor renders the round gauges from the shared state
 
     def _pull(self) -> None:
         if self._shared.version() == self._seen:
             return
         self._seen, state = self._shared.read()
-        self._board._active = {e: Active(v[0], int(v[1])) for e, v in state.items()}
-        self._since = {e: float(v[2]) for e, v in state.items()}
+        active = state.get("active", {})
+        self._board._active = {e: Active(v[0], int(v[1])) for e, v in active.items()}
+        self._since = {e: float(v[2]) for e, v in active.items()}
+        self._board.rounds.load(state.get("rounds", []))
 
     def resolve(self, engine: str, header: str | None) -> tuple[str, int | None]:
         self._pull()
@@ -117,8 +123,8 @@ class SharedBoard:
             now = time.time()
             for e in engines:
                 self._since[e] = now
-            state = {e: [a.scenario, a.round, self._since.get(e, now)] for e, a in self._board._active.items()}
-            self._shared.write_locked(state)
+            active = {e: [a.scenario, a.round, self._since.get(e, now)] for e, a in self._board._active.items()}
+            self._shared.write_locked({"active": active, "rounds": self._board.rounds.export()})
             self._seen = self._shared.version()
         return engines
 
@@ -128,7 +134,8 @@ class SharedBoard:
 
 
 class ScenarioInfoCollector:
-    """``llmbench_scenario_info`` for the supervisor's /metrics, from the shared state."""
+    """``llmbench_scenario_info`` and the round start/end gauges for the supervisor's
+    /metrics, from the shared state."""
 
     def __init__(self, shared: SharedScenarios) -> None:
         self._shared = shared
@@ -138,8 +145,18 @@ class ScenarioInfoCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         _, state = self._shared.read()
-        fam = GaugeMetricFamily("llmbench_scenario_info", "1 while a scenario round is active.",
-                                labels=("engine", "scenario", "round"))
-        for engine, (scenario, rnd, _since) in sorted(state.items()):
-            fam.add_metric([engine, str(scenario), str(rnd)], 1.0)
-        yield fam
+        labels = ("engine", "scenario", "round")
+        info = GaugeMetricFamily("llmbench_scenario_info", "1 while a scenario round is active.", labels=labels)
+        for engine, (scenario, rnd, _since) in sorted(state.get("active", {}).items()):
+            info.add_metric([engine, str(scenario), str(rnd)], 1.0)
+        yield info
+        start = GaugeMetricFamily(START_NAME, START_HELP, labels=labels)
+        end = GaugeMetricFamily(END_NAME, END_HELP, labels=labels)
+        for scenario, rnd, engines in state.get("rounds", []):
+            for engine, (started, ended) in sorted(engines.items()):
+                if started is not None:
+                    start.add_metric([engine, str(scenario), str(rnd)], float(started))
+                if ended is not None:
+                    end.add_metric([engine, str(scenario), str(rnd)], float(ended))
+        yield start
+        yield end

@@ -30,10 +30,11 @@ import signal
 import socket
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .config import Config, parse_listen
 
-__all__ = ["run_supervised"]
+__all__ = ["run_supervised", "worker_app", "supervisor_registry", "render_forever"]
 
 log = logging.getLogger("llmbench")
 
@@ -98,28 +99,62 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def _worker_main(config: Config, sock: socket.socket, index: int, count: int, run_dir: Path, parent: int) -> None:
+def _worker_main(config: Config, sock: socket.socket, index: int, count: int, run_dir: Path, parent: int,
+                 run_id: str) -> None:
     """One worker: the proxy app on the inherited socket, values in the multiprocess files."""
     _die_with_parent(parent)
     os.setpgid(0, 0)  # a signal to serve's process group (Ctrl-C, killpg) reaches the supervisor only
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-    from prometheus_client import CollectorRegistry, values
+    from .internals import use_multiprocess_values
 
-    values.ValueClass = values.MultiProcessValue()  # before any metric is made
+    use_multiprocess_values()  # before any metric is made
     from aiohttp import web
+
+    app = worker_app(config, index, count, run_dir, run_id)
+    app.on_startup.append(_freeze_startup_objects)
+    web.run_app(app, sock=sock, access_log=None, handler_cancellation=True, print=None,
+                shutdown_timeout=1.0, loop=_event_loop())
+
+
+def worker_app(config: Config, index: int, count: int, run_dir: Path, run_id: str) -> Any:
+    """Worker ``index`` of ``count``'s proxy app: shared scenario state, /metrics from the
+    supervisor's socket in ``run_dir``, the ``run_id`` of this ``serve`` start."""
+    from prometheus_client import CollectorRegistry
 
     from .app import create_app
     from .shared import SharedScenarios
     from .state import STATE, Worker
 
     worker = Worker(str(index) if count > 1 else None, run_dir / "metrics.sock",
-                    SharedScenarios(run_dir / "scenarios.state"))
+                    SharedScenarios(run_dir / "scenarios.state"), run_id)
     app = create_app(config.model_copy(update={"gpu": "off"}), CollectorRegistry(), worker)
     app[STATE].shutdown_grace_s = SHUTDOWN_GRACE_S
-    app.on_startup.append(_freeze_startup_objects)
-    web.run_app(app, sock=sock, access_log=None, handler_cancellation=True, print=None,
-                shutdown_timeout=1.0, loop=_event_loop())
+    app.on_startup.append(_warm_up)  # after the client session exists, before the first request
+    return app
+
+
+async def _warm_up(app: Any) -> None:
+    from .state import STATE
+    from .warmup import warm_up
+
+    state = app[STATE]
+    assert state.session is not None
+    await warm_up(state.config, state.session)
+
+
+def supervisor_registry(run_dir: Path) -> Any:
+    """The registry the supervisor renders: every worker's values merged, and the scenario
+    info and round gauges from the shared scenario state."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from .shared import ScenarioInfoCollector, SharedScenarios
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(run_dir))
+    registry.register(ScenarioInfoCollector(SharedScenarios(run_dir / "scenarios.state")))
+    return registry
 
 
 async def _freeze_startup_objects(app: object) -> None:
@@ -139,33 +174,29 @@ def _in_flight(run_dir: Path) -> float:
                if s.name == "llmbench_requests_in_flight")
 
 
-async def _render_forever(config: Config, run_dir: Path, stop: asyncio.Event) -> None:
-    """The supervisor's /metrics on a unix socket: every worker's values, merged."""
+async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nice: int = SUPERVISOR_NICE) -> None:
+    """The supervisor's /metrics on a unix socket until ``stop``: every worker's values,
+    merged; the process then runs at ``nice``."""
     from aiohttp import web
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-    from prometheus_client.multiprocess import MultiProcessCollector
 
+    from .exposition import metrics_handler, render
     from .gpu import GpuCollector, make_source, poll_forever
-    from .shared import ScenarioInfoCollector, SharedScenarios
 
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(run_dir))
-    registry.register(ScenarioInfoCollector(SharedScenarios(run_dir / "scenarios.state")))
+    registry = supervisor_registry(run_dir)
     tasks = []
     source = make_source(config.gpu, lambda: _in_flight(run_dir))
     if source is not None:
         tasks.append(asyncio.create_task(poll_forever(source, GpuCollector(registry), config.gpu_interval_s)))
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     app = web.Application()
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", metrics_handler(registry))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
+    # The first scrape costs what every later one does: imports, parsed file keys, the gzip
+    # module are made now, before the socket exists (a worker is ready once it does).
+    render(registry, "application/openmetrics-text; version=1.0.0", "gzip")
     await web.UnixSite(runner, str(run_dir / "metrics.sock")).start()
     with contextlib.suppress(OSError):  # from now on the renderer yields the CPU to the workers
-        os.nice(SUPERVISOR_NICE)
+        os.nice(nice)
     try:
         await stop.wait()
     finally:
@@ -185,7 +216,7 @@ async def _supervise(config: Config, pids: dict[int, int], run_dir: Path) -> int
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    renderer = asyncio.create_task(_render_forever(config, run_dir, stop))
+    renderer = asyncio.create_task(render_forever(config, run_dir, stop))
     status = 0
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
@@ -231,8 +262,10 @@ def run_supervised(config: Config, workers: int) -> int:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir)
     from . import app, gpu, shared  # noqa: F401  imported once, before the fork: quicker starts
     from .shared import SharedScenarios
+    from .state import new_run_id
 
     SharedScenarios.create(run_dir / "scenarios.state").close()
+    run_id = new_run_id()  # one for every worker of this start
     pids: dict[int, int] = {}
     parent = os.getpid()
     try:
@@ -241,7 +274,7 @@ def run_supervised(config: Config, workers: int) -> int:
             if pid == 0:  # pragma: no cover - runs in the child
                 code = 0
                 try:
-                    _worker_main(config, sock, index, workers, run_dir, parent)
+                    _worker_main(config, sock, index, workers, run_dir, parent, run_id)
                 except KeyboardInterrupt:
                     pass
                 except BaseException:

@@ -32,9 +32,9 @@ def _values(samples: list[float | None | str]) -> str:
 
 def _reference(samples: list[float | None | str]) -> float:
     """Events counted between consecutive samples: the increase, or after a reset the new value;
-    the first sample is the baseline."""
+    a series first seen inside the range started at zero there (its first value counts whole)."""
     seen = [float(v) for v in samples if isinstance(v, (int, float))]
-    return sum(b - a if b >= a else b for a, b in zip(seen, seen[1:]))
+    return sum(b - a if b >= a else b for a, b in zip([0.0, *seen], seen))
 
 
 def _naive(samples: list[float | None | str]) -> float:
@@ -43,13 +43,16 @@ def _naive(samples: list[float | None | str]) -> float:
 
 
 N = RANGE_S // STEP_S + 1
-# proxy a restarts after a stale gap (two failed scrapes); proxy b restarts between two scrapes;
-# proxy c restarts twice; d is flat; every series ends with the counter below its peak.
+# Each series is first seen two steps into the range (not on its first step, where Prometheus 2's
+# closed and 3's left-open ranges differ).  Proxy a restarts after a stale gap (two failed scrapes);
+# proxy b restarts between two scrapes; proxy c, first seen at 10, restarts twice; d is first seen at
+# 3 and flat; every series ends with the counter below its peak.
+_LATE = [None, None]
 SERIES: dict[str, list[float | None | str]] = {
-    "a": [0, 0, 4, 9, 9, 15, 15, "stale", "stale", 0, 0, 3, 7, 7] + [7] * (N - 14),
-    "b": [0, 2, 6, 6, 1, 1, 5] + [5] * (N - 7),
-    "c": [10, 12, 2, 4, 4, 0, 6, 6] + [6] * (N - 8),
-    "d": [3] * N,
+    "a": _LATE + [0, 0, 4, 9, 9, 15, 15, "stale", "stale", 0, 0, 3, 7, 7] + [7] * (N - 16),
+    "b": _LATE + [0, 2, 6, 6, 1, 1, 5] + [5] * (N - 9),
+    "c": _LATE + [10, 12, 2, 4, 4, 0, 6, 6] + [6] * (N - 10),
+    "d": _LATE + [3] * (N - 2),
 }
 
 
@@ -84,9 +87,8 @@ def _run(tmp_path: Path, cases: list[tuple[str, dict, list[dict]]], eval_time: s
 
 def test_reference_sees_the_resets() -> None:
     # the data is built so that max - min (the boards' old count) is wrong for every restarted proxy
-    assert {k: _reference(v) for k, v in SERIES.items()} == {"a": 22, "b": 11, "c": 12, "d": 0}
+    assert {k: _reference(v) for k, v in SERIES.items()} == {"a": 22, "b": 11, "c": 22, "d": 3}
     assert {k: _naive(v) for k, v in SERIES.items()} == {"a": 15, "b": 6, "c": 12, "d": 0}
-    assert _reference(SERIES["c"]) == _naive(SERIES["c"])  # by chance; a and b tell them apart
 
 
 def test_exact_count_per_series_across_restarts(tmp_path: Path) -> None:
@@ -167,3 +169,28 @@ def test_a_short_window_counts_from_the_scrapes_around_it(tmp_path: Path) -> Non
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
     # a window of two scrape intervals is counted inside it
     assert exact_counts(Window(start, start + 2 * STEP_S, "test"), STEP_S).span is None
+
+
+# -- a series first seen inside the window (issue 19 items 4 and 10) -------------------------------
+
+def _goodput_series(met: list[float | None | str], ok: list[float | None | str]) -> dict[str, list[float | None | str]]:
+    return {_proxy_series("llmbench_slo_requests_total", "p1", result="met"): met,
+            _proxy_series("llmbench_requests_total", "p1", outcome="success", reason="none"): ok}
+
+
+def test_goodput_counts_requests_that_finished_before_prometheus_started(tmp_path: Path) -> None:
+    """Prometheus starts 20 s before the end of a 120 s window, after the proxy has finished 8
+    requests (4 met the SLO); 3 more finish, 2 of them met: 6 of 11.  The first sample is where
+    each counter is first seen, so it counts whole; the old count took it as the baseline and
+    said 2 of 3.  With a single scrape inside the window it said nothing at all (no series)."""
+    require_prometheus()
+    expr = PANELS["goodput_ratio"].queries[0].expr
+    window = 120
+    lead = [None] * ((RANGE_S - 20) // STEP_S)
+    cases = {"several scrapes": (_goodput_series(lead + [4, 4, 4, 6, 6], lead + [8, 8, 8, 11, 11]), 6 / 11),
+             "one scrape": (_goodput_series(lead[:-3] + [4], lead[:-3] + [8]), 4 / 8)}
+    for name, (series, ratio) in cases.items():
+        got = expand(expr, range_s=window)
+        expected = [{"labels": f'{{{MIXIN.engine_label}="vllm"}}', "value": ratio}]
+        r = _run(tmp_path, [(got, _case(series, got), expected)])
+        assert r.returncode == 0 and "SUCCESS" in r.stdout, (name, r.stdout + r.stderr)

@@ -86,6 +86,10 @@ def test_engine_series_are_selected_by_their_jobs() -> None:
             job = MIXIN.vllm_job if m.group(1) == "vllm" else MIXIN.sglang_job
             assert m.group(2).startswith(f'job="{job}"'), (key, ref, m.group(0))
         assert not re.search(r"\b(vllm|sglang):\w+(\[|\)|\s)", expr), (key, ref)
+        # SGLang's names by regex, both spellings (sglang:NAME, sglang_NAME), always with its job
+        for m in re.finditer(r"\{([^}]*)__name__=~\"([^\"]*)\"", expr):
+            assert m.group(2).startswith("sglang[:_]") and f'job="{MIXIN.sglang_job}"' in m.group(1), (key, ref)
+        assert not re.search(r"\bsglang:\w+", expr), (key, ref)  # never one spelling alone
 
 
 def test_engine_grouping_comes_from_the_mixin() -> None:

@@ -47,9 +47,10 @@ PLANS = {
 }
 
 
-def _cases(refused: int, busy: int, http404: int) -> list[Case]:
+def _cases(refused: int, busy: int, http404: int, proxy: int = 4, sim: int = 5) -> list[Case]:
     load = ("load", "--base-url")
     ok_url = f"http://127.0.0.1:{http404}"
+    through = f"http://127.0.0.1:{proxy}/vllm"  # a real proxy that knows short-c1 and short-c32
     adhoc = ("--concurrency", "1", "--requests", "1", "--input-tokens", "4", "--output-tokens", "2")
     cases = [Case(f"load {name}", (*load, ok_url, "--plan", f"{name}.yaml"), cause, ((f"{name}.yaml", PLANS[name]),))
              for name, cause in [
@@ -65,8 +66,19 @@ def _cases(refused: int, busy: int, http404: int) -> list[Case]:
         Case("load rate nan", (*load, ok_url, "--rate", "nan", "--requests", "1"), ("--rate", "finite"), usage=True),
         Case("load rate inf", (*load, ok_url, "--rate", "inf", "--requests", "1"), ("--rate", "finite"), usage=True),
         Case("load without --plan", (*load, ok_url, "--concurrency", "2"), ("without --plan", "--requests")),
-        Case("load out under a file", (*load, ok_url, *adhoc, "--out", "afile/sub"), ("cannot create --out", "afile"),
-             (("afile", "x"),)),
+        Case("load out under a file", (*load, ok_url, *adhoc, "--out", "afile/sub"),
+             ("cannot create output directory afile/sub", "afile is a file"), (("afile", "x"),)),
+        Case("load out not empty", (*load, through, "--scenario", "short-c1", *adhoc, "--out", "run1"),
+             ("--out run1 is not empty", "--force"), (("run1/requests.jsonl", "{}\n"),)),
+        Case("load unknown scenario", (*load, through, *adhoc), ("does not know the scenario adhoc (it would record it",
+                                                                 "scenarios: in its config", "short-c1, short-c32")),
+        Case("load plan unknown scenarios", (*load, through, "--plan", "p.yaml"),
+             ("does not know the scenarios a, warmup", "'other'"),
+             (("p.yaml", "stages: [{cells: [{scenario: short-c1, input_tokens: 4, output_tokens: 2, requests: 2, "
+                         "concurrency: 1}, {scenario: a, input_tokens: 4, output_tokens: 2, requests: 2, rate: 1, "
+                         "warmup: 1}]}]"),)),
+        Case("load engine without proxy", (*load, f"http://127.0.0.1:{sim}", *adhoc),
+             ("names no engine", "--no-proxy")),
         Case("load malformed url", (*load, "htp:/nowhere", *adhoc), ("malformed --base-url",)),
         Case("load refused", (*load, f"http://127.0.0.1:{refused}", *adhoc), ("connection refused",)),
         Case("load 404", (*load, f"{ok_url}/vllm", *adhoc), ("HTTP 404", "/vllm/v1/models", "path")),
@@ -184,19 +196,56 @@ def _serve_404() -> tuple[int, int]:
     return int(port), pid
 
 
+def _serve_proxy(records: Path) -> tuple[int, int, int]:
+    """A simulated vLLM and the real proxy in front of it (scenarios short-c1 and short-c32), in
+    a forked child; returns (proxy port, sim port, pid)."""
+    from aiohttp import web
+
+    from exporter.harness.sim import build_params, create_sim_app
+    from exporter.proxy.app import create_app
+    from tests.helpers import make_config
+
+    socks = [socket.socket() for _ in range(2)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+    proxy_port, sim_port = (sock.getsockname()[1] for sock in socks)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import asyncio
+
+            async def serve() -> None:
+                for app, sock in ((create_sim_app(build_params("vllm", speed=50.0)), socks[1]),
+                                  (create_app(make_config(records, sim_port)), socks[0])):
+                    runner = web.AppRunner(app, access_log=None)
+                    await runner.setup()
+                    await web.SockSite(runner, sock).start()
+                await asyncio.Event().wait()
+
+            asyncio.run(serve())
+        finally:
+            os._exit(0)
+    for sock in socks:
+        sock.close()
+    return proxy_port, sim_port, pid
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
     port_404, server = _serve_404()
+    proxy, sim, stack = _serve_proxy(tmp_path_factory.mktemp("proxy"))
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-    cases = _cases(free_port(), busy.getsockname()[1], port_404)
+    cases = _cases(free_port(), busy.getsockname()[1], port_404, proxy, sim)
     try:
         ran = _run_all(cases, tmp_path_factory.mktemp("cli"))
         yield {case.name: (case, ran[case.name]) for case in cases}
     finally:
-        os.kill(server, 9)
-        os.waitpid(server, 0)
+        for pid in (server, stack):
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
         busy.close()
 
 
@@ -240,3 +289,13 @@ def test_python_m_demo_is_the_demo_command(module: str) -> None:
     proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: llm-bench-exporter demo"), proc.stderr
+
+
+def test_help_names_the_evidence_command_and_version_names_the_program(tmp_path: Path) -> None:
+    from exporter import __version__
+
+    ran = _run_all([Case("help", ("--help",), ()), Case("version", ("--version",), ())], tmp_path)
+    text = " ".join(ran["help"].stdout.split())
+    assert ran["help"].returncode == 0 and "`evidence --help`" in text and "evidence summarize" in text
+    assert ".venv/bin/evidence" in text
+    assert ran["version"].returncode == 0 and ran["version"].stdout == f"llm-bench-exporter {__version__}\n"

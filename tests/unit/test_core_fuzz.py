@@ -42,6 +42,13 @@ def test_any_bytes_keep_every_invariant(data: bytes) -> None:
     targets.check_bytes(data)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(min_value=0, max_value=(1 << 64) - 1))
+def test_generated_request_bodies_read_as_json_loads_reads_them(seed: int) -> None:
+    """Valid bodies in random spellings and encodings (BOM, UTF-16, UTF-32): scan == json.loads."""
+    targets.check_request_generated(random.Random(seed))
+
+
 def test_the_oracle_is_not_trivial() -> None:
     """The grammar yields every verdict, so the differential can tell them apart."""
     rng = random.Random(7)

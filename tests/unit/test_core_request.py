@@ -12,6 +12,7 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import accumulate
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -117,9 +118,9 @@ def test_large_body_is_scanned_not_parsed(monkeypatch: pytest.MonkeyPatch) -> No
     calls: list[int] = []
     real = jsondepth.loads_exact
 
-    def counting(data: bytes, *a: object) -> object:
+    def counting(data: bytes, *a: Any, **kw: Any) -> object:
         calls.append(len(data))
-        return real(data, *a)
+        return real(data, *a, **kw)
 
     monkeypatch.setattr("exporter.core.request.loads_exact", counting)
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": 'x"\\' * 40_000}] * 20,

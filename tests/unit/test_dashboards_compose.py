@@ -24,7 +24,7 @@ from dashboards.catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, MIXIN, V
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
-VALID_UNITS = {"s", "percent", "percentunit", "short", "gbytes", "hertz", "watt", "celsius", "suffix: tok/s"}
+VALID_UNITS = {"s", "percent", "percentunit", "short", "gbytes", "hertz", "watt", "celsius", "suffix: tok/s", "reqps"}
 
 
 def _boards() -> dict[str, dict]:
@@ -41,9 +41,17 @@ def test_board_structure(name: str) -> None:
     assert board["schemaVersion"] == SCHEMA_VERSION >= 36
     assert board["uid"] == BOARDS[name].uid and len(board["uid"]) <= 40
     assert "rows" not in board
-    panels = board["panels"]
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    assert [r["title"] for r in rows] == [r.title for r in BOARDS[name].rows]
+    assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
+    panels = [p for p in board["panels"] if p["type"] != "row"]
     assert len(panels) == len(BOARDS[name].panels)
-    assert len({p["id"] for p in panels}) == len(panels)
+    titles = {p.key: p.title for p in BOARDS[name].panels}
+    for row, spec in zip(rows, BOARDS[name].rows):  # a heading across the board, right above its first panel
+        first = next(p for p in panels if p["title"] == titles[spec.first])
+        assert row["gridPos"]["w"] == 24 and row["gridPos"]["x"] == 0
+        assert row["gridPos"]["y"] + row["gridPos"]["h"] == first["gridPos"]["y"]
+        assert not any(_overlap(row["gridPos"], p["gridPos"]) for p in panels)
     for i, p in enumerate(panels):
         assert p["type"] in ("timeseries", "stat"), p["type"]
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -126,26 +134,49 @@ def test_internals_board_has_both_engines() -> None:
     ttft = next(p for p in _boards()["internals"]["panels"] if p["title"].startswith("TTFT P95"))
     styles = {o["matcher"]["options"]: o["properties"][0]["value"]["fill"]
               for o in ttft["fieldConfig"]["overrides"] if o["properties"][0]["id"] == "custom.lineStyle"}
-    assert styles == {".*proxy.*": "dash", ".*queue.*": "dot"}  # engine vs proxy vs queue, same colour
-    exprs = " ".join(t["expr"] for p in _boards()["internals"]["panels"] for t in p["targets"])
-    for name in ("vllm:num_requests_running", "sglang:num_running_reqs", "vllm:kv_cache_usage_perc",
-                 "sglang:token_usage", "vllm:request_queue_time_seconds_bucket", "llmbench_time_to_first_token_seconds"):
+    # engine vs proxy vs queue vs mean, same colour
+    assert styles == {".*proxy.*": "dash", ".*queue.*": "dot", ".*mean.*": "dash"}
+    exprs = " ".join(t["expr"] for p in _boards()["internals"]["panels"] if p["type"] != "row" for t in p["targets"])
+    for name in ("vllm:num_requests_running", 'sglang[:_]num_running_reqs"', "vllm:kv_cache_usage_perc",
+                 'sglang[:_]token_usage"', "vllm:request_queue_time_seconds_bucket", "llmbench_time_to_first_token_seconds"):
         assert name in exprs
 
 
 def test_internals_board_shows_the_proxy_timing_error() -> None:
     board = _boards()["internals"]
     p = next(p for p in board["panels"] if p["title"] == "Proxy timing error")
-    lag, ttft = (t["expr"] for t in p["targets"])
+    lag, p95, worst, ttft = (t["expr"] for t in p["targets"])
     assert lag.startswith("histogram_quantile(0.99, sum by (instance, worker, le) (rate(llmbench_proxy_event_loop_lag_seconds_bucket{")
+    for q, expr in ((0.95, p95), (1, worst)):  # the requests' own error, per engine
+        assert expr.startswith(f"histogram_quantile({q}, sum by (engine, le) "
+                               "(rate(llmbench_request_timing_uncertainty_seconds_bucket{")
     assert 'instance=~"$instance"' in lag and "llmbench_time_to_first_token_seconds_bucket" in ttft
-    assert p["fieldConfig"]["defaults"]["custom"]["scaleDistribution"] == {"type": "log", "log": 10}
+    assert p["fieldConfig"]["defaults"]["custom"]["scaleDistribution"]["type"] == "linear"  # two axes, not one log axis
     assert p["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == MIXIN.proxy_lag_max_s == 0.001
+    # the three error series on an axis of their own (right, labelled), the TTFT on the left
+    right = [o for o in p["fieldConfig"]["overrides"]
+             if {"id": "custom.axisPlacement", "value": "right"} in o["properties"]]
+    names = ["loop lag P99 proxy-a:9464 1", "vllm timing error P95", "sglang timing error max", "vllm proxy TTFT P95"]
+    on_right = [n for n in names if any(re.fullmatch(o["matcher"]["options"], n) for o in right)]
+    assert on_right == names[:3]
+    assert all({"id": "custom.axisLabel", "value": "timing error"} in o["properties"] for o in right)
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["instance"]["query"] == 'label_values(up{job="llmbench-exporter"}, instance)'
     assert variables["engine_instance"]["includeAll"] and variables["engine_instance"]["allValue"] == ".*"
-    engine_exprs = [t["expr"] for q in board["panels"] for t in q["targets"] if "vllm:" in t["expr"] or "sglang:" in t["expr"]]
+    engine_exprs = [t["expr"] for q in board["panels"] for t in q.get("targets", []) if "vllm:" in t["expr"] or "sglang" in t["expr"]]
     assert engine_exprs and all('instance=~"$engine_instance"' in e for e in engine_exprs)
+
+
+def test_engine_p95s_come_with_their_exact_means() -> None:
+    """Beside every engine-side P95, rate(_sum) / rate(_count) of the same histogram and engine."""
+    p = next(p for p in _boards()["internals"]["panels"] if p["title"].startswith("TTFT P95"))
+    legends = {t["legendFormat"]: t["expr"] for t in p["targets"]}
+    p95s = [name for name in legends if name.endswith(" P95") and "proxy" not in name]
+    assert len(p95s) == 3
+    for name in p95s:
+        metric = re.search(r"(\w+)_bucket", legends[name]).group(1)
+        mean = legends[name[:-len("P95")] + "mean"]
+        assert re.fullmatch(rf"sum\(rate\(.*{metric}_sum.*\[1m\]\)\) / sum\(rate\(.*{metric}_count.*\[1m\]\)\)", mean)
 
 
 # -- compose -----------------------------------------------------------------------------------

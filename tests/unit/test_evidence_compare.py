@@ -16,11 +16,14 @@ from exporter.evidence.noise import METRICS
 
 
 def _round(engine: str, scenario: str, rnd: int, throughput: float, ttft: float, n: int = 10) -> list[dict[str, Any]]:
-    """``n`` successful 100-token requests whose round lasts n * 100 / throughput seconds."""
+    """``n`` successful 100-token requests whose round lasts n * 100 / throughput seconds: a closed
+    loop of two clients, each sending its next request as the last one ends (the same load on
+    both sides, so the verdicts judge the figures)."""
     t0 = rnd * 1000.0
     duration = n * 100 / throughput
+    e2e = duration / (n // 2)
     return [{"id": f"{engine}-{scenario}-{rnd}-{i}", "engine": engine, "scenario": scenario, "round": rnd,
-             "start_unix": t0 + i * (duration - 1.0) / (n - 1), "e2e_s": 1.0, "ttft_s": ttft + i * 0.001,
+             "start_unix": t0 + (i // 2) * e2e, "e2e_s": e2e, "ttft_s": ttft + i * 0.001,
              "tpot_s": 0.01, "completion_tokens": 100, "outcome": "success", "reason": None} for i in range(n)]
 
 

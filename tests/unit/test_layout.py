@@ -115,6 +115,24 @@ def test_no_two_modules_import_each_other() -> None:
     assert not pairs, pairs
 
 
+#: the rooms, lowest first: a module imports only from its own room or lower ones
+ROOMS = ("exporter.core", "dashboards.mixin", "exporter.proxy", "dashboards", "exporter.evidence",
+         "exporter.harness", "exporter.cli", "exporter.demo")
+
+
+def _room(module: str) -> int | None:
+    """The rank of the most specific room ``module`` is in."""
+    rooms = [room for room in ROOMS if module == room or module.startswith(room + ".")]
+    return ROOMS.index(max(rooms, key=len)) if rooms else None
+
+
+def test_rooms_import_downward() -> None:
+    """harness -> evidence -> proxy -> core, with the boards beside: docs/architecture.md's drawing."""
+    upward = sorted((a, b) for a, deps in _graph().items() for b in deps
+                    if _room(a) is not None and _room(b) is not None and _room(b) > _room(a))  # type: ignore[operator]
+    assert not upward, upward
+
+
 def test_user_docs_cite_no_spec_sections() -> None:
     """Users have no SPEC: the README, docs/ and every --help stand on their own."""
     texts = {p: p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}

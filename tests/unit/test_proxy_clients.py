@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,16 +59,19 @@ class Engine:
         return resp
 
 
-async def _read_until_done_then_hang_up(client: Any, path: str, req: dict[str, Any]) -> bytes:
-    resp = await client.post(path, json=req)
-    got = b""
+async def _read_until_done_then_hang_up(client: Any, path: str, req: dict[str, Any],
+                                        request_id: str = "r") -> tuple[bytes, float]:
+    """The bytes read, and the wall-clock time when the read that completed [DONE] returned."""
+    resp = await client.post(path, json=req, headers={"X-Request-Id": request_id})
+    got, done_read_at = b"", float("nan")
     while b"data: [DONE]\n\n" not in got:
         chunk = await resp.content.readany()
+        done_read_at = time.time()
         if not chunk:
             break
         got += chunk
     resp.close()  # as GuideLLM: gone as soon as [DONE] was read
-    return got
+    return got, done_read_at
 
 
 @pytest.mark.parametrize("words,reason", [(("a", "b", "c"), None), (("", "", ""), "empty_text")])
@@ -79,16 +83,22 @@ async def test_hang_up_after_done_is_judged_on_the_stream(upstream, proxy_factor
     req = {"prompt": "x", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
     reps = 40
 
-    async def one(i: int) -> bytes:
+    async def one(i: int) -> tuple[bytes, float]:
         await asyncio.sleep(0.003 * (i % 10))  # vary where the hang-up falls
-        return await _read_until_done_then_hang_up(client, "/vllm/v1/completions", req)
+        return await _read_until_done_then_hang_up(client, "/vllm/v1/completions", req, f"r{i}")
 
     got = await asyncio.gather(*(one(i) for i in range(reps)))
-    assert all(g.endswith(b"data: [DONE]\n\n") for g in got)
+    assert all(g.endswith(b"data: [DONE]\n\n") for g, _ in got)
     records = await wait_for_records(tmp_path, reps)
     assert len(records) == reps
     assert {(r["outcome"], r["reason"]) for r in records} == {("success" if reason is None else "failure", reason)}
-    assert all(r["done"] and r["usage"] and r["e2e_s"] < 1.0 for r in records)  # E2E ends at [DONE], not at EOF
+    assert all(r["done"] and r["usage"] for r in records)
+    # E2E ends at the proxy's read of [DONE]: before the client read it (and hung up), long before
+    # the upstream's EOF; the record's times are wall-clock to the microsecond
+    done_read_at = {f"r{i}": at for i, (_, at) in enumerate(got)}
+    ends = {r["client_request_id"]: r["start_unix"] + r["e2e_s"] for r in records}
+    assert set(ends) == set(done_read_at)
+    assert all(ends[i] < done_read_at[i] + 2e-6 for i in ends), [(ends[i], done_read_at[i]) for i in ends]
     text = await (await client.get("/metrics")).text()
     assert metric_value(text, "llmbench_requests_total", outcome="client_abort") == 0
     assert metric_value(text, "llmbench_empty_text_responses_total") == (reps if reason else 0)

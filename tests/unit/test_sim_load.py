@@ -167,7 +167,8 @@ async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
 
     async def cli(*args: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "exporter.cli", "load", "--base-url", f"http://127.0.0.1:{sim.port}", *args,
+            sys.executable, "-m", "exporter.cli", "load", "--no-proxy", "--base-url", f"http://127.0.0.1:{sim.port}",
+            *args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
         return proc.returncode or 0, out.decode()
@@ -180,6 +181,16 @@ async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
     rows = (tmp_path / "o" / "rounds.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[1].startswith("sglang,adhoc,short-c2,1,6,6,0,")
     assert "goodput %" in out and "SLO: TTFT <= 3.0 s and TPOT <= 50 ms" in out
+    assert "sglang short-c2#1: 6/6 requests" not in out and "sglang short-c2: 12/12 requests" in out  # progress
+    rc, again = await cli("--scenario", "short-c2", "--concurrency", "2", "--requests", "3",
+                          "--input-tokens", "8", "--output-tokens", "4", "--out", str(tmp_path / "o"))
+    assert rc == 2 and "is not empty" in again and "--force" in again, again
+    assert len((tmp_path / "o" / "requests.jsonl").read_text().splitlines()) == 12  # untouched
+    rc, again = await cli("--scenario", "short-c2", "--concurrency", "2", "--requests", "3",
+                          "--input-tokens", "8", "--output-tokens", "4", "--out", str(tmp_path / "o"), "--force")
+    assert rc == 0, again
+    assert len((tmp_path / "o" / "requests.jsonl").read_text().splitlines()) == 3  # this run's only
+    assert len((tmp_path / "o" / "rounds.csv").read_text().splitlines()) == 2
     rc, out = await cli("--rate", "5", "--requests", "3", "--input-tokens", "8", "--output-tokens", "4")
     assert rc == 0 and re.search(r"\sadhoc\s+3/3\s", out), out
     rc, out = await cli("--concurrency", "2", "--input-tokens", "8")
@@ -189,3 +200,48 @@ async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
                         "--base-url", f"http://127.0.0.1:{failing.port}")
     assert rc == 1 and "Traceback" not in out, out
     assert "no request succeeded; failures: http_status 3; first error: http_status: HTTP 500" in out, out
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_sim_is_quiet_when_a_client_hangs_up(caplog: pytest.LogCaptureFixture, stream: bool) -> None:
+    """A client that leaves mid-answer is an everyday event for an engine: no traceback."""
+    import asyncio
+    import logging
+
+    from aiohttp import web
+
+    from exporter.harness.sim import SIM
+
+    caplog.set_level(logging.INFO)
+    app = create_sim_app(build_params("vllm", speed=1.0))
+    runner = web.AppRunner(app, access_log=None)  # as `sim` runs it (run_app): handlers are not cancelled
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        await _hang_up(app[SIM], port, stream)
+    finally:
+        await runner.cleanup()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], caplog.text
+    assert "Traceback" not in caplog.text
+
+
+async def _hang_up(sim: Any, port: int, stream: bool) -> None:
+    """A request whose client leaves mid-answer; returns once the sim's handler has ended."""
+    import asyncio
+
+    body = json.dumps({"prompt": "a b c", "max_tokens": 100, "stream": stream}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    if stream:
+        assert b" 200 " in await reader.readuntil(b"\r\n")  # the answer has begun
+    while sim.running == 0:
+        await asyncio.sleep(0.01)
+    writer.transport.abort()
+    while sim.running:  # the handler has ended
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert sim.hangups == (1 if stream else 0)

@@ -1,0 +1,145 @@
+"""``llm-bench-exporter load``: the load driver's command line.
+
+Before the first benchmark request it checks, in this order: the plan (or the options),
+``--out`` (a non-empty directory is refused unless ``--force`` clears it, so that two runs
+never mix in one requests.jsonl), the base URL (``GET /v1/models``) and, through the proxy,
+that the proxy knows every scenario name the run will use (``GET /-/scenarios``; warm-ups
+are labelled ``warmup``).  ``--no-proxy`` drives an engine directly and skips the last check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from exporter.evidence.outdir import OutDirError, check_out, prepare_out
+
+from .cliutil import HelpFormatter, UserError, fail, non_negative_int, positive_float, positive_int
+from .load import Driver
+from .plan import WARMUP, Plan, PlanError, Stage, cell_from_options, load_plan, scenario_names
+from .preflight import check_url_syntax
+from .tables import failure_summary, round_table
+
+__all__ = ["add_parser", "cmd_load"]
+
+
+def _plan_from_args(args: argparse.Namespace) -> Plan:
+    if args.plan:
+        return load_plan(args.plan)
+    missing = [f for f in ("requests", "input_tokens", "output_tokens") if getattr(args, f) is None]
+    if args.concurrency is None and args.rate is None:
+        missing.append("concurrency or --rate")
+    if missing:
+        raise PlanError("without --plan, give --concurrency or --rate, --requests, --input-tokens and "
+                        f"--output-tokens (missing: {', '.join('--' + m.replace('_', '-') for m in missing)})")
+    cell = cell_from_options(scenario=args.scenario, input_tokens=args.input_tokens,
+                             output_tokens=args.output_tokens, requests=args.requests,
+                             concurrency=args.concurrency, rate=args.rate, rounds=args.rounds,
+                             warmup=args.warmup, chat=args.chat)
+    return Plan([Stage("adhoc", [cell], args.stop_after_failed_rounds)])
+
+
+async def _drive(args: argparse.Namespace, plan: Plan, out: Path | None) -> dict[str, Any]:
+    async with Driver(args.base_url, None, model=args.model or plan.model, seed=args.seed, label=args.label,
+                      timeout_s=args.timeout, check_url=True) as driver:
+        if args.no_proxy:
+            driver.direct()
+        else:
+            await driver.check_scenarios(scenario_names(plan))
+        if out is not None:
+            prepare_out(out, args.force)
+            driver.write_to(out)
+        return await driver.run_plan(plan)
+
+
+def _report(summary: dict[str, Any], out: Path | None) -> int:
+    print(round_table([summary]))
+    failures = failure_summary([summary])
+    if out is not None:
+        print(f"tables in {out}/rounds.csv and {out}/summary.json, each request in {out}/requests.jsonl")
+    if failures:
+        print(failures)
+    sent = sum(c["median"]["requests"] for c in summary["cells"])
+    if sent and not sum(c["median"]["success"] for c in summary["cells"]):
+        print(f"llm-bench-exporter load: no request succeeded; {failures}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else None
+    try:
+        args.base_url = check_url_syntax(args.base_url)
+        plan = _plan_from_args(args)
+        if out is not None:
+            check_out(out, args.force)
+        summary = asyncio.run(_drive(args, plan, out))
+    except (UserError, PlanError, OutDirError) as exc:
+        return fail("load", exc)
+    except OSError as exc:
+        if out is None:
+            raise
+        return fail("load", f"cannot write under --out {out}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        print("llm-bench-exporter load: interrupted", file=sys.stderr)
+        return 130
+    return _report(summary, out)
+
+
+_NEEDS = ("A run without --plan needs --concurrency C or --rate R, --requests N, --input-tokens I and "
+          "--output-tokens O; a run with --plan takes every one of those from the plan file.")
+_CHECKS = ("Through the proxy (http://HOST:PORT/<engine>) every scenario name the run uses, the plan's cells "
+           f"and '{WARMUP}' for warm-ups, must be in the proxy config's scenarios: list, or the run is refused "
+           "before its first request.  Progress goes to stderr: a bar on a terminal, else a line every 10 s.  "
+           "The table is the load driver's own, client-side; the proxy's records are the primary numbers "
+           "(evidence summarize).")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("load", help="drive benchmark load (closed or open loop)", description=(
+        "Closed-loop (--concurrency) or open-loop (--rate, Poisson arrivals) load against an OpenAI base "
+        "URL, judged by the proxy's own rules.  " + _NEEDS + "  " + _CHECKS), formatter_class=HelpFormatter)
+    p.add_argument("--base-url", metavar="URL", required=True,
+                   help="OpenAI base URL (required), e.g. http://127.0.0.1:9464/vllm through the proxy")
+    p.add_argument("--no-proxy", action="store_true",
+                   help="--base-url is an engine itself: no scenario check, no round announcements "
+                        "(default: the base URL must go through the proxy)")
+    p.add_argument("--scenario", metavar="NAME", default="adhoc",
+                   help="scenario label of the requests (the proxy config must list it)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--concurrency", metavar="C", type=positive_int,
+                      help="requests in flight at once, closed loop (default: none; without --plan give this "
+                           "or --rate)")
+    mode.add_argument("--rate", metavar="R", type=positive_float,
+                      help="requests per second, Poisson arrivals, open loop (default: none; without --plan give "
+                           "this or --concurrency)")
+    p.add_argument("--requests", metavar="N", type=positive_int,
+                   help="requests per round (default: none; needed without --plan)")
+    p.add_argument("--rounds", metavar="N", type=positive_int, default=1, help="rounds per scenario")
+    p.add_argument("--warmup", metavar="N", type=non_negative_int, default=0,
+                   help=f"warm-up requests before the rounds, labelled '{WARMUP}'")
+    p.add_argument("--input-tokens", metavar="I", type=positive_int,
+                   help="prompt length in tokens (words) (default: none; needed without --plan)")
+    p.add_argument("--output-tokens", metavar="O", type=positive_int,
+                   help="max_tokens of each request, with ignore_eos (default: none; needed without --plan)")
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")
+    p.add_argument("--plan", metavar="FILE",
+                   help="plan YAML: stages of cells and sweeps, see examples/plans/ (default: none; "
+                        "one cell from the options above)")
+    p.add_argument("--stop-after-failed-rounds", metavar="K", type=positive_int,
+                   help="stop after K consecutive rounds with a failed request (default: never)")
+    p.add_argument("--model", metavar="NAME", help="model name (default: the plan's, else the first of /v1/models)")
+    p.add_argument("--seed", metavar="N", type=int, default=0,
+                   help="seed of the prompts' words and the Poisson arrivals")
+    p.add_argument("--timeout", metavar="SECONDS", type=positive_float, default=3600.0,
+                   help="seconds one request may take")
+    p.add_argument("--label", metavar="NAME", help="engine name in the tables (default: the base URL's last path "
+                                                   "part, else host:port)")
+    p.add_argument("--out", metavar="DIR",
+                   help="directory for requests.jsonl, rounds.csv, summary.json; refused when not empty "
+                        "(default: none, nothing written)")
+    p.add_argument("--force", action="store_true", help="clear a non-empty --out first (default: refuse it)")
+    p.set_defaults(func=cmd_load, concurrency=None)

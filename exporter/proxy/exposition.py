@@ -1,0 +1,93 @@
+"""``/metrics`` answers in the format the scraper asks for, gzipped when it accepts that.
+
+The format is prometheus_client's own negotiation (``choose_encoder``: OpenMetrics when the
+``Accept`` header asks for it, else the text format), the compression its ``gzip_accepted``
+test of ``Accept-Encoding``; ``name[]`` restricts the answer to those metric names, as
+prometheus_client's own handlers do.  The render and the compression run in a thread so
+that the loop that serves the answer can run its other callbacks between the GIL's switches.
+gzip level 1: a metrics page compresses about eightfold at a third of the default level's CPU.
+
+One shortcut, exact: prometheus_client's OpenMetrics encoder applies the default
+``underscores`` escaping to every sample name character by character (0.26: 69 ms of the
+supervisor's CPU for 4,600 series, against 37 ms with ``allow-utf-8``).  Where every name is
+a legacy one, that escaping changes nothing, so the same bytes are made with ``allow-utf-8``
+escaping (``test_supervisor.py`` holds the two outputs equal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiohttp import hdrs, web
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.registry import Collector
+
+__all__ = ["metrics_response", "metrics_handler", "render", "GZIP_LEVEL"]
+
+GZIP_LEVEL = 1
+_LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_OM_ESCAPING = {"escaping", "version"} <= set(inspect.signature(openmetrics.generate_latest).parameters)
+_OM_UNDERSCORES = re.compile(r"application/openmetrics-text; version=([0-9.]+); charset=utf-8; escaping=underscores")
+
+
+class _Families:
+    """Families collected once, for an encoder that collects."""
+
+    def __init__(self, families: Iterable[Any]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> list[Any]:
+        return self.families
+
+
+def _encode(registry: Collector, encoder: Callable[[Any], bytes], content_type: str) -> bytes:
+    """``encoder``'s bytes (the OpenMetrics shortcut where it gives the same)."""
+    if not _OM_ESCAPING:
+        return encoder(registry)
+    asked = _OM_UNDERSCORES.fullmatch(content_type)
+    version = asked.group(1) if asked else "1.0.0" if content_type == openmetrics.CONTENT_TYPE_LATEST else None
+    if version is None:
+        return encoder(registry)
+    families = _Families(registry.collect())
+    if not all(_LEGACY_NAME.fullmatch(f.name) and all(
+            _LEGACY_NAME.fullmatch(s.name) and all(_LEGACY_NAME.fullmatch(k) for k in s.labels) for s in f.samples)
+            for f in families.families):
+        return encoder(families)
+    return bytes(openmetrics.generate_latest(families, escaping=openmetrics.ALLOWUTF8, version=version))
+
+
+def render(registry: Collector, accept: str, accept_encoding: str, names: list[str] | None = None
+           ) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a /metrics answer."""
+    encoder, content_type = choose_encoder(accept)
+    if names and hasattr(registry, "restricted_registry"):
+        registry = registry.restricted_registry(names)
+    body = _encode(registry, encoder, content_type)
+    headers: dict[str, str] = {hdrs.CONTENT_TYPE: content_type}
+    if gzip_accepted(accept_encoding):
+        body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+        headers[hdrs.CONTENT_ENCODING] = "gzip"
+    return body, headers
+
+
+async def metrics_response(request: web.Request, registry: Collector) -> web.Response:
+    accept = ",".join(request.headers.getall(hdrs.ACCEPT, []))
+    accept_encoding = ",".join(request.headers.getall(hdrs.ACCEPT_ENCODING, []))
+    names = request.query.getall("name[]", [])
+    body, headers = await asyncio.to_thread(render, registry, accept, accept_encoding, names)
+    return web.Response(body=body, headers=headers)
+
+
+def metrics_handler(registry: Collector) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler answering /metrics from ``registry``."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return await metrics_response(request, registry)
+
+    return handler

@@ -1,0 +1,213 @@
+"""A real vLLM (the CPU build, a tiny random-weight llama built here) behind the real proxy, with a
+real Prometheus scraping both: verdicts on its streams, the engine-internals board on its
+/metrics, vLLM's own benchmark client through the proxy, and a dead engine core.
+
+One vLLM server for the whole module (it takes a minute or two to start); the last test kills
+its engine core, so it stays last.  Needs ``.ci/install-vllm.sh`` (skipped without it, failed
+without it when LLMBENCH_REQUIRE_VLLM=1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from dashboards.catalogue import INTERNALS, expand
+from exporter.evidence.promapi import Prometheus
+from exporter.harness.stack import free_port, render_prometheus_config, start_prometheus, wait_for_scrapes
+
+from ..helpers import read_records, require_prometheus
+from ..vllm_engine import VllmServer, bench_serve, build_model, require_vllm, start_proxy
+
+MAX_TOKENS = 12
+SCRAPE_S = 2
+BENCH_PROMPTS = 16
+#: engine name -> usage setting; both are this one vLLM
+ENGINES = {"vllm": "require", "vllm-inject": "inject"}
+#: the internals board's queries that read this vLLM or the proxy (the rest read SGLang)
+BOARD_QUERIES = [(p.key, q.ref) for p in INTERNALS.panels for q in p.queries if 'job="sglang"' not in q.expr]
+
+
+@dataclass
+class RealStack:
+    vllm: VllmServer
+    proxy: str
+    prom: str
+    out: Path
+    start: float
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_records(self.out)
+
+    def record(self, client_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The proxy's record of the request sent with ``X-Request-Id: client_id``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [r for r in self.records() if r["client_request_id"] == client_id]
+            if found:
+                assert len(found) == 1, found
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no record of {client_id} within {timeout_s:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
+    require_prometheus()
+    require_vllm()
+    out = tmp_path_factory.mktemp("vllm-real")
+    with contextlib.ExitStack() as stack:
+        t0 = time.monotonic()
+        server = VllmServer(build_model(out / "model"), out / "logs")
+        stack.callback(server.stop)
+        server.start()
+        print(f"\nvLLM: model built and server ready in {time.monotonic() - t0:.0f} s")
+        proxy, proxy_url = start_proxy(out, [{"name": n, "upstream": server.url, "usage": u}
+                                             for n, u in ENGINES.items()])
+        stack.callback(proxy.stop)
+        config = render_prometheus_config({"llmbench-exporter": [proxy_url.removeprefix("http://")],
+                                           "vllm": [server.url.removeprefix("http://")]},
+                                          out / "prometheus", scrape_interval=f"{SCRAPE_S}s")
+        prom_port = free_port()
+        prom = start_prometheus(config, out / "prometheus" / "data", prom_port, out / "logs")
+        stack.callback(prom.stop)
+        prom_url = f"http://127.0.0.1:{prom_port}"
+        wait_for_scrapes(prom_url, 2)
+        yield RealStack(server, proxy_url, prom_url, out, time.time())
+
+
+def _body(route: str, engine: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "tiny", "stream": True, "ignore_eos": True, "max_tokens": MAX_TOKENS}
+    if route == "completions":
+        body["prompt"] = "def handle(request):\n    return"
+    else:
+        body["messages"] = [{"role": "user", "content": "Explain what this function returns."}]
+    if ENGINES[engine] == "require":
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _stream(url: str, body: dict[str, Any], client_id: str) -> tuple[int, list[str]]:
+    """POST a streamed request; the status and the data of each SSE event."""
+    with requests.post(url, json=body, headers={"X-Request-Id": client_id}, stream=True, timeout=120) as r:
+        events = [line[len(b"data: "):].decode() for line in r.iter_lines() if line.startswith(b"data: ")]
+        return r.status_code, events
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_real_streams_are_judged_success(real: RealStack, route: str, engine: str) -> None:
+    client_id = f"verdict-{route.replace('/', '-')}-{engine}"
+    status, events = _stream(f"{real.proxy}/{engine}/v1/{route}", _body(route, engine), client_id)
+    assert status == 200 and events[-1] == "[DONE]", events[-3:]
+    docs = [json.loads(e) for e in events[:-1]]
+    usage_events = [d for d in docs if d.get("usage")]
+    # the client asked for usage and got it; or it did not, and the injected usage stayed out of its stream
+    assert len(usage_events) == (1 if ENGINES[engine] == "require" else 0), usage_events
+    rec = real.record(client_id)
+    assert (rec["outcome"], rec["reason"]) == ("success", None), rec
+    assert rec["completion_tokens"] == rec["expected_tokens"] == MAX_TOKENS
+    assert rec["usage_injected"] is (ENGINES[engine] == "inject")
+    assert rec["done"] is True and rec["route"] == f"/v1/{route}" and rec["engine"] == engine
+    assert 0 < rec["ttfe_s"] <= rec["ttft_s"] <= rec["e2e_s"]
+
+
+@pytest.fixture(scope="module")
+def bench_run(real: RealStack) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``vllm bench serve`` through the proxy; its result and the proxy's records of its requests."""
+    result = bench_serve(f"{real.proxy}/vllm", real.vllm.model, real.out / "bench", input_len=64, output_len=16,
+                         prompts=BENCH_PROMPTS, concurrency=4, request_id_prefix="bench-")
+    deadline = time.monotonic() + 30
+    while True:
+        records = [r for r in real.records() if (r["client_request_id"] or "").startswith("bench-")]
+        if len(records) >= result["completed"] or time.monotonic() > deadline:
+            return result, records
+        time.sleep(0.05)
+
+
+def test_vllm_bench_serve_counts_match_records(bench_run: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    result, records = bench_run
+    assert result["completed"] == BENCH_PROMPTS and result["failed"] == 0
+    assert sorted(r["client_request_id"] for r in records) == sorted(f"bench-{i}" for i in range(BENCH_PROMPTS))
+    assert sum(r["outcome"] == "success" for r in records) == result["completed"]
+    assert all(r["completion_tokens"] == 16 for r in records)
+    assert sum(r["completion_tokens"] for r in records) == result["total_output_tokens"]
+
+
+def test_vllm_bench_serve_ttft_agrees_with_records(bench_run: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    """Per request, the proxy's first event comes between the client's send and its first token
+    (one machine, one monotonic clock: records round to the microsecond); and the medians agree."""
+    result, records = bench_run
+    by_id = {r["client_request_id"]: r for r in records}
+    pairs = [(by_id[f"bench-{i}"]["ttfe_s"], ttft) for i, ttft in enumerate(result["ttfts"])]
+    assert len(pairs) == BENCH_PROMPTS
+    late = [(i, p, c) for i, (p, c) in enumerate(pairs) if p > c + 1e-6]
+    assert not late, f"proxy's ttfe_s after the client's TTFT: {late}"
+    proxy_median = statistics.median(p for p, _ in pairs)
+    client_median = statistics.median(c for _, c in pairs)
+    # generous: the client's TTFT adds the hops through the proxy, slow on a busy 2-core machine;
+    # a proxy that stamped its first event too early (say at the request) would read far lower
+    assert client_median / proxy_median <= 10, (client_median, proxy_median, pairs)
+
+
+def _has_data(series: list[dict[str, Any]]) -> bool:
+    return any(not math.isnan(float(v)) for s in series for _, v in s["values"])
+
+
+@pytest.fixture(scope="module")
+def scraped(real: RealStack, bench_run: tuple[dict[str, Any], list[dict[str, Any]]]) -> Prometheus:
+    """Prometheus, once its latest scrapes of vLLM and the proxy include the benchmark's requests."""
+    prom = Prometheus(real.prom)
+    result, records = bench_run
+    checks = {'sum(vllm:request_success_total{job="vllm"})': result["completed"],
+              'sum(llmbench_requests_total{job="llmbench-exporter", engine="vllm"})': len(records)}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        values = {q: prom.query(q) for q in checks}
+        if all(v and float(v[0]["value"][1]) >= n for (q, n), v in zip(checks.items(), values.values())):
+            time.sleep(SCRAPE_S + 1)  # one scrape more: rate() needs the sample after the increase too
+            return prom
+        time.sleep(0.5)
+    raise AssertionError(f"Prometheus did not see the benchmark within 60 s: {values}")
+
+
+@pytest.mark.parametrize("panel,ref", BOARD_QUERIES)
+def test_internals_board_reads_real_vllm(real: RealStack, scraped: Prometheus, panel: str, ref: str) -> None:
+    (query,) = [q for p in INTERNALS.panels if p.key == panel for q in p.queries if q.ref == ref]
+    expr = expand(query.expr)
+    series = scraped.query_range(expr, real.start - 5, time.time(), 1.0)
+    assert _has_data(series), f"{panel}/{ref}: no data from the real vLLM for {expr}"
+
+
+def test_dead_engine_core_is_judged_sse_error(real: RealStack) -> None:
+    """Last: it kills the engine.  vLLM 0.32 then ends the open stream with HTTP 200, a
+    ``data: {"error": ...}`` event and ``[DONE]``; the proxy must judge it ``sse_error``."""
+    body = {**_body("completions", "vllm"), "max_tokens": 1900}
+    core = real.vllm.engine_core_pid()
+    with requests.post(f"{real.proxy}/vllm/v1/completions", json=body, headers={"X-Request-Id": "dead-core"},
+                       stream=True, timeout=120) as r:
+        events: list[str] = []
+        for line in r.iter_lines():
+            if line.startswith(b"data: "):
+                events.append(line[len(b"data: "):].decode())
+            if len(events) == 3:  # mid-stream: the engine is generating
+                os.kill(core, signal.SIGKILL)
+        status = r.status_code
+    assert status == 200 and events[-1] == "[DONE]", events[-3:]
+    errors = [json.loads(e)["error"] for e in events[:-1] if "error" in json.loads(e)]
+    assert len(errors) == 1 and len(events) - 2 < 1900, events[-3:]
+    rec = real.record("dead-core")
+    assert (rec["outcome"], rec["reason"], rec["status"]) == ("failure", "sse_error", 200), rec
+    assert rec["detail"] == errors[0]["message"]
