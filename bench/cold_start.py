@@ -44,6 +44,19 @@ def _argv(tree: Path | None, cfg: Path) -> list[str]:
     return [sys.executable, "-c", code, "serve", "--config", str(cfg)]
 
 
+def _start(tmp: Path, name: str, tree: Path | None, up_port: int) -> tuple[int, Child]:
+    """A ready proxy on a free port (another port when the one picked was taken meanwhile)."""
+    for attempt in range(3):
+        port = free_port()
+        proxy = Child(f"{name}-{attempt}", _argv(tree, _config(tmp, name, port, up_port)), tmp)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/-/ready", 30, proxy)
+            return port, proxy
+        except RuntimeError:
+            proxy.stop()
+    raise RuntimeError(f"{name}: no proxy started in 3 attempts")
+
+
 async def _trial(base: str, runs: int, requests: int) -> tuple[float, list[tuple[float, float]]]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         async def scrape() -> None:
@@ -80,10 +93,8 @@ def main() -> int:
         print(f"{'trial':<12} {'1st req ms':>10}  run medians / p95 (ms)")
         for trial in range(args.trials):
             for name, tree in trees.items():
-                port = free_port()
-                proxy = Child(f"{name}-{trial}", _argv(tree, _config(tmp, f"{name}-{trial}", port, up_port)), tmp)
+                port, proxy = _start(tmp, f"{name}-{trial}", tree, up_port)
                 try:
-                    wait_http(f"http://127.0.0.1:{port}/-/ready", 30, proxy)
                     t0 = time.monotonic()
                     first, rows = asyncio.run(_trial(f"http://127.0.0.1:{port}", args.runs, args.requests))
                 finally:

@@ -41,7 +41,7 @@ async def _site(app: web.Application) -> tuple[web.AppRunner, int]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, int(runner.addresses[0][1])
 
 
 async def _episode(proxy_port: int, writes: list[float], count: int) -> tuple[float, float, bytes]:

@@ -27,7 +27,7 @@ class MixinConfig:
     count_step: str = "5s"
     #: LLMBenchGoodputLow fires below this goodput ratio (SLO met / judged) for 5 minutes
     goodput_ratio_min: float = 0.9
-    #: LLMBenchProxyLagging fires when the proxy's event-loop lag P99 is above this for 5 minutes
+    #: LLMBenchProxyLagging fires when the requests' timing error P95 (per engine) is above this for 5 minutes
     proxy_lag_max_s: float = 0.001
     #: the SLO every board, rule and round table draws, and the proxy's default ``slo`` (the seed's)
     slo_ttft_s: float = 3.0

@@ -136,7 +136,8 @@ def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     _prom_options(e, required=True)
     e.add_argument("--window", required=True,
                    help="START,END (RFC 3339 with a timezone, or unix seconds), last:DURATION (e.g. last:30m), "
-                        "or scenario:NAME[#ROUND]")
+                        "scenario:NAME[#ROUND], or scenario:NAME#ROUND:steady[:ENGINE] (the round's steady "
+                        "window; needs --records)")
     e.add_argument("--out", required=True, metavar="DIR", help="output directory; must be new or empty")
     e.add_argument("--force", action="store_true", help="clear a non-empty --out first (default: refuse it)")
     e.add_argument("--boards", nargs="+", choices=sorted(BOARDS), help="boards to export (default: all)")
@@ -189,8 +190,12 @@ def _compare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="evidence", description=__doc__)
-    p.add_argument("--version", action="version", version=__version__)
+    p = argparse.ArgumentParser(
+        prog="evidence",
+        description="evidence: export Prometheus windows for reports, re-decode raw SSE, summarize and compare runs",
+        epilog="The proxy, the load driver, the simulators and the demo are llm-bench-exporter's (in the same "
+               "bin/ directory): llm-bench-exporter --help.")
+    p.add_argument("--version", action="version", version=f"llm-bench-exporter {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _export_parser(sub)
     d = sub.add_parser("decode", help="re-decode raw SSE captures and judge them again")

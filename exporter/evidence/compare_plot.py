@@ -3,6 +3,7 @@ the median of rounds, the whisker from the rounds' min to max."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,8 @@ def plot_metric(rows: list[dict[str, Any]], metric: Metric, a: tuple[str, Sequen
     _bars(ax, rows, "a", [x - 0.2 for x in xs], run_color(*a, 0), f"A: {a[0]}")
     _bars(ax, rows, "b", [x + 0.2 for x in xs], run_color(*b, 1), f"B: {b[0]}")
     ax.set_xticks(xs)
-    ax.set_xticklabels([f"{r['scenario']}\n{r['verdict'] or '-'}" for r in rows], fontsize=8)
+    # a long verdict ("one round: no noise estimate") wrapped under its own bars, not into the next
+    ax.set_xticklabels([f"{r['scenario']}\n{textwrap.fill(r['verdict'] or '-', 16)}" for r in rows], fontsize=8)
     direction = "higher is better" if metric.higher_is_better else "lower is better"
     ax.set_title(f"{metric.title} ({metric.unit or 'ratio'}; {direction}): B = {b[0]} against A = {a[0]}\n"
                  "bars: median of rounds; whiskers: min–max over rounds; below: the verdict", fontsize=9, loc="left")
@@ -62,7 +64,7 @@ def plot_metric(rows: list[dict[str, Any]], metric: Metric, a: tuple[str, Sequen
     # beside the bars, never over them
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     width = fig.get_size_inches()[0]
-    fig.subplots_adjust(left=0.1, right=1 - 1.5 / width, top=0.88, bottom=0.13)
+    fig.subplots_adjust(left=0.1, right=1 - 1.5 / width, top=0.88, bottom=0.17)
     fig.savefig(path, facecolor="white")
     plt.close(fig)
     return path

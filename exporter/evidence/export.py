@@ -109,7 +109,7 @@ def _evidence(prom: Prometheus, panel: Panel, window: Window, step: float, rw: s
                 ev.empty_series += 1
             ev.gaps += [(a, b) for a, b in zip(times, times[1:]) if b - a > 2 * step]
             if ev.first_bucket is not None:
-                ev.in_first_bucket += sum(1 for v in values if v <= ev.first_bucket)
+                ev.in_first_bucket += sum(1 for v in values if 0 < v <= ev.first_bucket)
             if times:
                 ev.first = times[0] if ev.first is None else min(ev.first, times[0])
                 ev.last = times[-1] if ev.last is None else max(ev.last, times[-1])
@@ -129,7 +129,8 @@ def first_bucket_bound(prom: Prometheus, expr: str, at: float) -> float | None:
         return None
     bounds = [float(s["metric"]["le"]) for s in prom.query(f"group by (le) ({m.group(1)})", at)
               if s["metric"].get("le") not in (None, "+Inf")]
-    return min(bounds) if bounds else None
+    positive = [b for b in bounds if b > 0]  # a bucket of 0 holds exact zeros: the first to place a value is above
+    return min(positive) if positive else None
 
 
 def _write_data(out: Path, board: str, panel: Panel, evs: list[QueryEvidence], window: Window, step: float) -> list[Path]:

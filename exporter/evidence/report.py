@@ -83,7 +83,7 @@ def below_first_bucket(bound: float) -> str:
 
 def _value(ev: QueryEvidence, value: float) -> str:
     """A point as EVIDENCE.md shows it: a quantile inside a histogram's first bucket is no number."""
-    if ev.first_bucket is not None and value <= ev.first_bucket:
+    if ev.first_bucket is not None and 0 < value <= ev.first_bucket:
         return below_first_bucket(ev.first_bucket)
     return f"{value:.6g}"
 

@@ -30,7 +30,9 @@ from typing import Any
 
 import yaml
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+
+from exporter.proxy.exposition import metrics_response
 
 from .cliutil import HelpFormatter, UserError, bind_listen, fail, finite_float
 from .sim_engine import FAULTS, PROFILES, SimEngine, SimParams
@@ -198,7 +200,7 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(request.app[REGISTRY]), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return await metrics_response(request, request.app[REGISTRY])  # text or OpenMetrics, gzip when asked
 
 
 REGISTRY = web.AppKey("registry", CollectorRegistry)

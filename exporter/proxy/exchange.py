@@ -10,7 +10,6 @@ the proxy itself is recorded as ``proxy_error``, never blamed on the engine or t
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import re
 import time
@@ -22,6 +21,7 @@ from aiohttp.streams import StreamReader
 
 from exporter.core.analysis import RequestSpec, Result, StreamAnalyzer
 from exporter.core.content import is_event_stream
+from exporter.core.usage import UsageEventFilter, inject_usage
 
 from .clientsock import cap_unsent
 from .config import Engine
@@ -43,13 +43,7 @@ _HOP = frozenset({
 })
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _ROUND = re.compile(r"[0-9]{1,7}")  # ASCII digits only: "²" passes str.isdigit() but not int()
-_ANALYZER_OPTS = frozenset(inspect.signature(StreamAnalyzer).parameters)
 
-try:  # usage: inject, exporter/core/usage.py
-    from exporter.core.usage import UsageEventFilter, inject_usage
-except ImportError:  # pragma: no cover - until the core has it
-    UsageEventFilter = None  # type: ignore[assignment,misc]
-    inject_usage = None  # type: ignore[assignment]
 
 
 def json_error(status: int, message: str, kind: str) -> web.Response:
@@ -205,18 +199,18 @@ class Exchange:
             self.capture = Capture(self.state.config.max_capture_bytes)
 
     def _inject(self, body: bytes) -> bytes:
-        """ask for usage upstream for a client that did not."""
-        if self.engine.usage != "inject" or inject_usage is None or not self.spec.stream:
+        """``usage: inject``: ask for usage upstream for a client that did not."""
+        if self.engine.usage != "inject" or not self.spec.stream:
             return body
         changed = inject_usage(body, self.spec)
         if changed is None:
             return body
-        self.usage_filter = UsageEventFilter()
+        self.usage_filter = UsageEventFilter(self.state.config.max_event_bytes)
         self.usage_injected = True
         return bytes(changed)
 
     def _hangup_reason(self) -> tuple[str | None, str | None]:
-        """a client that hangs up after it was sent [DONE] has the whole
+        """A client that hangs up after it was sent [DONE] has the whole
         response: the request is judged on the stream."""
         if self.analyzer is not None and self.analyzer.done:
             self.end_t = self.done_t
@@ -280,11 +274,8 @@ class Exchange:
 
     def _analyzer(self, status: int, streaming: bool) -> StreamAnalyzer:
         cfg = self.state.config
-        extra: dict[str, Any] = {}
-        if "max_event_bytes" in _ANALYZER_OPTS:
-            extra["max_event_bytes"] = cfg.max_event_bytes
         return StreamAnalyzer(self.t0, status, self.spec, streaming=streaming,
-                              max_line_bytes=cfg.max_line_bytes, **extra)
+                              max_line_bytes=cfg.max_line_bytes, max_event_bytes=cfg.max_event_bytes)
 
     async def _prepare(self, upstream: Any) -> Any:
         """Send the client the upstream's status and headers; return the response's writer."""

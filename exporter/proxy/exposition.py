@@ -5,11 +5,11 @@ The format is prometheus_client's own negotiation (``choose_encoder``: OpenMetri
 test of ``Accept-Encoding``; ``name[]`` restricts the answer to those metric names, as
 prometheus_client's own handlers do.  The render and the compression run in a thread so
 that the loop that serves the answer can run its other callbacks between the GIL's switches.
-gzip level 1: a metrics page compresses about eightfold at a third of the default level's CPU.
+gzip level 1: the proxy's page (440 kB, 5,000 series) shrinks to 20 kB for 3 ms of CPU.
 
 One shortcut, exact: prometheus_client's OpenMetrics encoder applies the default
 ``underscores`` escaping to every sample name character by character (0.26: 69 ms of the
-supervisor's CPU for 4,600 series, against 37 ms with ``allow-utf-8``).  Where every name is
+supervisor's CPU for 5,000 series, against 37 ms with ``allow-utf-8``).  Where every name is
 a legacy one, that escaping changes nothing, so the same bytes are made with ``allow-utf-8``
 escaping (``test_supervisor.py`` holds the two outputs equal).
 """

@@ -14,10 +14,11 @@ the largest lag seen while it was in flight: its ``timing_uncertainty_s``, an up
 how late any of its timestamps can be (one epoch of slack on each side keeps it an upper
 bound).
 
-The probe sleeps once no request has been in flight for ``LINGER_S`` and wakes with the
-next request (:meth:`LoopLag.mark`): an idle proxy wakes no core.  A stall while it sleeps
-holds up no request in flight; a request that arrives during one is charged what the probe
-sees from one period after its arrival.
+The probe samples all the time the proxy runs, but slows down to ``IDLE_PERIOD_S`` once no
+request has been in flight for ``LINGER_S`` and speeds up with the next request
+(:meth:`LoopLag.mark`): an idle proxy barely wakes a core.  A stall while it idles holds up no
+request in flight; a request that arrives during one is charged what the probe sees from one
+fast period after its arrival.
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ from collections import deque
 from itertools import islice
 from collections.abc import Callable
 
-__all__ = ["LoopLag", "PERIOD_S", "EPOCH_S", "LINGER_S", "LAG_BUCKETS"]
+__all__ = ["LoopLag", "PERIOD_S", "EPOCH_S", "LINGER_S", "IDLE_PERIOD_S", "LAG_BUCKETS"]
 
 log = logging.getLogger("llmbench.proxy")
 
 PERIOD_S = 0.002  # 500 probes a second while requests are in flight
 EPOCH_S = 0.1
-#: the probe sleeps once no request has been in flight for this long (an idle proxy wakes
-#: no core: 500 wake-ups a second cost 2 % of a core and preempt a CPU-bound engine)
+#: the probe slows down once no request has been in flight for this long (500 wake-ups a
+#: second cost 2 % of a core and preempt a CPU-bound engine)
 LINGER_S = 1.0
+#: the idle probe's period: the histogram keeps being sampled, ten times a second
+IDLE_PERIOD_S = 0.1
 #: 50 µs .. 1 s; 1 ms, the alert's threshold, is a bound.
 LAG_BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
@@ -103,6 +106,7 @@ class LoopLag:
     def __init__(self, observe: Callable[[float], None], period_s: float = PERIOD_S) -> None:
         self._observe = observe
         self.period_s = period_s
+        self._period = period_s  # the timer's period now: period_s, or IDLE_PERIOD_S when idle
         self._epochs: deque[float] = deque(maxlen=_KEEP_EPOCHS)
         self._first_epoch = 0  # absolute index of self._epochs[0]
         self._t_base = time.monotonic()
@@ -115,14 +119,14 @@ class LoopLag:
         self._due = 0.0
         self.kind = "off"
         self._libc: ctypes.CDLL | None = None
-        self.armed = False  # sampling now (else asleep: no request in flight for LINGER_S)
+        self.armed = False  # sampling fast now (else idle: no request in flight for LINGER_S)
         self._active = 0  # requests marked and not yet asked for their max_since
         self._idle_since = time.monotonic()
 
     # -- sampling ------------------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Sample from now on; asleep whenever no request was in flight for ``LINGER_S``."""
+        """Sample from now on; slowly whenever no request was in flight for ``LINGER_S``."""
         self._loop = loop
         self._idle_since = time.monotonic()
         made = _timerfd(self.period_s)
@@ -146,27 +150,37 @@ class LoopLag:
             self._timer.cancel()
             self._timer = None
         self.armed = False
+        self._loop = None  # stopped for good: a later mark() wakes nothing
 
-    def _wake(self) -> None:
-        """A request arrived while the probe slept: sample again, from one period on."""
-        if self._loop is None:
-            return
+    def _rearm(self, period: float) -> bool:
+        """Sample every ``period`` from one period on; False where the timer could not be set."""
+        assert self._loop is not None
         if self._fd >= 0 and self._libc is not None:
-            first = _arm(self._libc, self._fd, self.period_s)
+            first = _arm(self._libc, self._fd, period)
             if first is None:
-                return
+                return False
             self._first_expiry, self._expiries = first, 0
         elif self.kind == "timer":
-            self._due = time.monotonic() + self.period_s
-            self._timer = self._loop.call_later(self.period_s, self._on_timer)
-        self.armed = True
+            if self._timer is not None:
+                self._timer.cancel()
+            self._due = time.monotonic() + period
+            self._timer = self._loop.call_later(period, self._on_timer)
+        self._period = period
+        return True
+
+    def _wake(self) -> None:
+        """A request arrived while the probe idled: sample fast again, from one period on."""
+        if self._loop is not None and self._rearm(self.period_s):
+            self.armed = True
 
     def _sleep_when_idle(self, now: float) -> bool:
-        """Stop sampling once no request was in flight for LINGER_S; True when it did."""
-        if self._active or now - self._idle_since < LINGER_S:
+        """Slow down once no request was in flight for LINGER_S; True when it did now."""
+        if not self.armed or self._active or now - self._idle_since < LINGER_S:
             return False
-        if self._fd >= 0 and self._libc is not None:
-            _arm(self._libc, self._fd, 0.0)
+        if self.kind == "timerfd":
+            self._rearm(IDLE_PERIOD_S)
+        else:
+            self._period = IDLE_PERIOD_S  # _on_timer schedules the next one
         self.armed = False
         return True
 
@@ -175,7 +189,7 @@ class LoopLag:
             (n,) = struct.unpack("=Q", os.read(self._fd, 8))
         except (BlockingIOError, InterruptedError):
             return
-        oldest = self._first_expiry + self._expiries * self.period_s
+        oldest = self._first_expiry + self._expiries * self._period
         self._expiries += n
         assert self._loop is not None
         # Measured once the loop has run this round's other ready callbacks: a read handled
@@ -196,9 +210,9 @@ class LoopLag:
         assert self._loop is not None
         self._sample(now, max(0.0, now - self._due))
         self._timer = None
-        if not self._sleep_when_idle(now):
-            self._due = now + self.period_s
-            self._timer = self._loop.call_later(self.period_s, self._on_timer)
+        self._sleep_when_idle(now)
+        self._due = now + self._period
+        self._timer = self._loop.call_later(self._period, self._on_timer)
 
     def _sample(self, now: float, lag: float) -> None:
         epochs = self._epochs
@@ -227,10 +241,8 @@ class LoopLag:
 
     def pending(self, now: float) -> float:
         """How late the loop is right now: an expiry not yet read is waiting this long."""
-        if not self.armed:
-            return 0.0
         if self._fd >= 0:
-            oldest = self._first_expiry + self._expiries * self.period_s
+            oldest = self._first_expiry + self._expiries * self._period
             if self._unsampled is not None:
                 oldest = self._unsampled
             return max(0.0, now - oldest)

@@ -143,7 +143,7 @@ class ProxyMetrics:
         self._second_wave(registry, worker)
 
     def _second_wave(self, registry: CollectorRegistry, worker: str | None) -> None:
-        """SLO counters and the loop-lag histogram (section 10)."""
+        """SLO counters and the loop-lag histogram."""
         counter = functools.partial(Counter, registry=registry)
         self.slo = counter("llmbench_slo_requests", "Successful requests judged against the SLO.",
                            (*_LABELS, "result"))

@@ -3,11 +3,13 @@
 Measured on a fresh ``serve`` (64-event streams, C1): the first request's TTFT was 9-16 ms
 against about 2 ms for the next ones.  Nearly all of it was the client side of the first
 upstream request (aiohttp's request path run for the first time, and the connection to the
-engine); a warmed process starts at the steady figure.  So, before the first request:
+engine); warmed this way it was 5-10 ms against 17-28 ms cold, side by side on a busy machine
+(``bench/cold_start.py``).  So, before the first request:
 
 * one pooled keep-alive connection to each engine, opened by an unmeasured ``GET /health``
   (best effort: an engine that is not up yet costs at most ``WARM_TIMEOUT_S`` and nothing
-  else; a non-200 answer warms the same code);
+  else; a non-200 answer warms the same code; an engine that closes idle connections sooner
+  than the first request comes leaves the warmed code, not the connection);
 * the measuring core judges a canned stream once (the request scan, usage injection and
   filtering, the SSE parser and JSON reads), off the record: no record, no counter.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
 import aiohttp
 
@@ -26,8 +27,6 @@ from exporter.core.usage import UsageEventFilter, inject_usage
 from .config import Config
 
 __all__ = ["warm_up", "WARM_TIMEOUT_S"]
-
-log = logging.getLogger("llmbench.proxy")
 
 WARM_TIMEOUT_S = 2.0
 _BODY = b'{"model":"m","prompt":"warm","max_tokens":2,"stream":true,"ignore_eos":true}'

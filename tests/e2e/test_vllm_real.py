@@ -28,8 +28,8 @@ from dashboards.catalogue import INTERNALS, expand
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.stack import free_port, render_prometheus_config, start_prometheus, wait_for_scrapes
 
-from ..helpers import read_records, require_prometheus
-from ..vllm_engine import VllmServer, bench_serve, build_model, require_vllm, start_proxy
+from tests.helpers import read_records, require_prometheus
+from tests.vllm_engine import VllmServer, bench_serve, build_model, require_vllm, start_proxy
 
 MAX_TOKENS = 12
 SCRAPE_S = 2

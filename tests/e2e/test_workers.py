@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import pytest
 import yaml
 
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
@@ -66,7 +67,11 @@ def test_workers_share_one_view(tmp_path: Path) -> None:
         assert metric_value(text, "llmbench_requests_total", outcome="success") == 80
         assert [(r["scenario"], r["round"]) for r in records[48:]] == [("s2", 5)] * 32
         assert metric_value(text, "llmbench_requests_total", scenario="s2") == 32
-        assert all(r["usage_injected"] and r["timing_uncertainty_s"] >= 0 for r in records)
+        assert all(r["usage_injected"] for r in records)
+        # each record's uncertainty is observed once, by the worker that served it, in the one view
+        assert metric_value(text, "llmbench_request_timing_uncertainty_seconds_count") == 80
+        assert metric_value(text, "llmbench_request_timing_uncertainty_seconds_sum") == pytest.approx(
+            sum(r["timing_uncertainty_s"] for r in records), abs=80e-6)
         lag = {s for s in text.splitlines() if s.startswith("llmbench_proxy_event_loop_lag_seconds_count")}
         assert {line.split('worker="')[1][0] for line in lag} == {"0", "1"}  # both workers, one scrape
         assert text.count("llmbench_scenario_info{") == 1

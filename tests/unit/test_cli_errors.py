@@ -299,3 +299,16 @@ def test_help_names_the_evidence_command_and_version_names_the_program(tmp_path:
     assert ran["help"].returncode == 0 and "`evidence --help`" in text and "evidence summarize" in text
     assert ".venv/bin/evidence" in text
     assert ran["version"].returncode == 0 and ran["version"].stdout == f"llm-bench-exporter {__version__}\n"
+
+
+def test_evidence_help_names_the_other_command_without_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    from exporter import __version__
+    from exporter.evidence.cli import main as evidence_main
+
+    for argv in (["--help"], ["--version"]):
+        with pytest.raises(SystemExit) as stop:
+            evidence_main(argv)
+        assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and "llm-bench-exporter --help" in out
+    assert out.rstrip().endswith(f"llm-bench-exporter {__version__}")

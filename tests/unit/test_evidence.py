@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from exporter.evidence.decode import decode_capture
@@ -32,10 +33,12 @@ async def test_decode_reproduces_proxy_verdict(aiohttp_server: Any, proxy_factor
     body = {"model": "m", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     resp = await proxy.post("/sglang/v1/completions", json=body, headers={"X-Sim-Fault": fault})
-    try:
+    if fault == "disconnect":  # the proxy cuts the client's stream where the engine cut its own
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+    else:
         await resp.read()
-    except Exception:
-        pass
+        assert resp.status == {"http_500": 500, "http_503": 503}.get(fault, 200)
     rec, = read_records(tmp_path)
     assert rec["reason"] == INTENDED[fault]
     result = decode_capture(Path(rec["capture"]))

@@ -118,13 +118,16 @@ async def test_connection_refused(unused_tcp_port_factory: Any, proxy_factory, t
 async def test_slow_first_byte_before_headers(upstream, proxy_factory, tmp_path: Path) -> None:
     up, server = upstream
 
+    release = asyncio.Event()  # set once the proxy has answered: only its deadline can end the wait
+
     async def sleepy(request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(3)
-        return await up.ok(request)
+        await release.wait()
+        return web.Response(text="too late")
 
     up.handler = sleepy
     client = await proxy_factory(server.port, timeouts={"first_byte_s": 0.3})
     resp = await client.post("/vllm/v1/completions", json=REQ)
+    release.set()
     assert resp.status == 504
     rec, = read_records(tmp_path)
     assert rec["reason"] == "timeout" and "first_byte_s=0.3" in rec["detail"]
@@ -133,18 +136,23 @@ async def test_slow_first_byte_before_headers(upstream, proxy_factory, tmp_path:
 async def test_slow_first_byte_after_headers(upstream, proxy_factory, tmp_path: Path) -> None:
     up, server = upstream
 
+    release = asyncio.Event()  # set once the proxy has cut the stream: only its deadline can end it
+
     async def prefill(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await asyncio.sleep(3)
+        await release.wait()
         return resp
 
     up.handler = prefill
     client = await proxy_factory(server.port, timeouts={"first_byte_s": 0.3})
-    resp = await client.post("/vllm/v1/completions", json=REQ)
-    assert resp.status == 200
-    with pytest.raises(aiohttp.ClientPayloadError):
-        await resp.read()
+    try:
+        resp = await client.post("/vllm/v1/completions", json=REQ)
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+    finally:
+        release.set()
     rec, = read_records(tmp_path)
     assert rec["reason"] == "timeout"
 

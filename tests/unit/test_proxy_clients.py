@@ -35,9 +35,11 @@ def _engine_body(chat: bool, with_usage: bool, words: tuple[str, ...] = ("a", "b
 class Engine:
     """An engine that sends usage only when the request asks for it, as vLLM and SGLang do."""
 
-    def __init__(self, linger_s: float = 0.0, words: tuple[str, ...] = ("a", "b", "c")) -> None:
+    def __init__(self, linger_s: float = 0.0, words: tuple[str, ...] = ("a", "b", "c"),
+                 hold: asyncio.Event | None = None) -> None:
         self.linger_s = linger_s  # the stream stays open this long after [DONE]
         self.words = words
+        self.hold = hold  # set: the rest of the stream follows the first event only once it is set
         self.sent: list[bytes] = []
         self.requests: list[dict[str, Any]] = []
 
@@ -51,7 +53,10 @@ class Engine:
         self.sent.append(body)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for event in body.split(b"\n\n")[:-1]:
+        for i, event in enumerate(body.split(b"\n\n")[:-1]):
+            if i == 1 and self.hold is not None:
+                await self.hold.wait()
+                return resp  # the proxy has gone: nothing more to send
             await resp.write(event + b"\n\n")
             await asyncio.sleep(0.002)
         await asyncio.sleep(self.linger_s)
@@ -106,12 +111,14 @@ async def test_hang_up_after_done_is_judged_on_the_stream(upstream, proxy_factor
 
 async def test_hang_up_before_done_is_still_a_client_abort(upstream, proxy_factory, tmp_path: Path) -> None:
     up, server = upstream
-    up.handler = Engine(linger_s=0.3, words=tuple("abcdefghij"))
+    hung_up = asyncio.Event()
+    up.handler = Engine(words=tuple("abcdefghij"), hold=hung_up)  # [DONE] would come after the hang-up
     client = await proxy_factory(server.port)
     resp = await client.post("/vllm/v1/completions", json={"prompt": "x", "stream": True})
     await resp.content.readany()
     resp.close()
     rec, = await wait_for_records(tmp_path, 1)
+    hung_up.set()
     assert (rec["outcome"], rec["reason"], rec["done"]) == ("client_abort", "client_abort", False)
 
 
