@@ -60,15 +60,22 @@ def slo_alert_rules() -> list[dict[str, Any]]:
                         "over the last minute, for 5 minutes (failures count against it); see "
                         "llmbench_slo_requests_total by result and llmbench_requests_total by reason.",
         ),
+        # The requests' timing error P95 per engine; or, with no request finishing, the loop's
+        # own lag P99 per proxy (and worker).
         _alert(
-            "LLMBenchProxyLagging", f"{_UNCERTAINTY_RULE} > {lag:g}", for_="5m",
-            summary="llm-bench-exporter timing error P95 of {{ $labels.engine }} requests above "
-                    + f"{lag * 1000:g} ms",
-            description="95% of the requests to {{ $labels.engine }} that finished in the last minute had a "
-                        "timing uncertainty of up to {{ $value | humanizeDuration }} (the largest event-loop lag "
-                        "while each was in flight), for 5 minutes: their timestamps can be off by that much. "
-                        "Read timing_uncertainty_s in the records; give the proxy a core of its own, fewer "
-                        "scrapes, or more workers.",
+            "LLMBenchProxyLagging",
+            f"{_UNCERTAINTY_RULE} > {lag:g} or {PANELS['proxy_timing_error'].rule} > {lag:g}", for_="5m",
+            summary="{{ if $labels.engine }}llm-bench-exporter timing error P95 of {{ $labels.engine }} requests "
+                    f"above {lag * 1000:g} ms{{{{ else }}}}llm-bench-exporter event-loop lag P99 of "
+                    f"{{{{ $labels.instance }}}} above {lag * 1000:g} ms{{{{ end }}}}",
+            description="{{ if $labels.engine }}95% of the requests to {{ $labels.engine }} that finished in the "
+                        "last minute had a timing uncertainty of up to {{ $value | humanizeDuration }} (the largest "
+                        "event-loop lag while each was in flight), for 5 minutes: their timestamps can be off by "
+                        "that much. Read timing_uncertainty_s in the records; give the proxy a core of its own, "
+                        "fewer scrapes, or more workers.{{ else }}The event loop of {{ $labels.instance }} ran "
+                        "ready callbacks up to {{ $value | humanizeDuration }} late (P99) for 5 minutes: requests "
+                        "sent to it now are timed that coarsely. Give the proxy a core of its own, fewer scrapes, "
+                        "or more workers.{{ end }}",
         ),
     ]
 

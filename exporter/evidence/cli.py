@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dashboards.catalogue import BOARDS, MIXIN
+from dashboards.promql import check_job
 from exporter import __version__
 
-from dashboards.catalogue import BOARDS, MIXIN
 from .decode import decode_capture, format_row
 from .export import DEFAULT_STEP_S, GRAFANA_TOKEN_ENV, TARGET_POINTS, ExportError, export
 from .merge import MergeError, load_many
@@ -34,6 +35,8 @@ def _prom(args: argparse.Namespace) -> Prometheus:
 
 def cmd_export(args: argparse.Namespace) -> int:
     try:
+        if args.job is not None:
+            check_job(args.job)  # before any query: a bad name is the user's mistake, not Prometheus'
         prom = _prom(args)
         window = parse_window(args.window, prom=prom, records=Path(args.records) if args.records else None)
         manifest = export(prom, window, Path(args.out), boards=args.boards, step=args.step, grafana=args.grafana,

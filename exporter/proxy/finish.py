@@ -1,5 +1,9 @@
-"""The end of one measured request, in one place and in one order: the capture (when kept),
-then the record, then the metrics, then the observers.
+"""The end of one measured request, in one place and in one order: the metrics, the capture
+(when kept), the record, the observers.
+
+The metrics move first, in the callback in which the request ended, so that a scrape taken
+after a request's end counts it: the boards' exact counts equal the records whose request
+ended inside a window.  The record follows its capture (which it names by SHA-256).
 
 The exchange hands over a frozen :class:`Measurement` (the core's result plus the request's
 identity and timings) and knows nothing of what happens to it; the :class:`Finisher` knows
@@ -138,6 +142,9 @@ class Finisher:
     def finish(self, m: Measurement) -> asyncio.Task[None] | None:
         """Finish ``m`` now, or, with a capture to write first, in a task (returned)."""
         record = m.record(self.config.slo_for(m.scenario))
+        self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
+                                     m.timing_uncertainty_s, m.client_backpressure_s)
+        self.failures.note(m.engine, m.result.reason, m.result.detail)
         keep = m.capture is not None and (self.config.capture_raw_sse == "all" or not m.result.ok)
         if not keep:
             self._after_capture(m, record)
@@ -149,8 +156,8 @@ class Finisher:
         try:
             record["capture"], record["capture_sha256"] = await asyncio.get_running_loop().run_in_executor(
                 None, write_capture, self.captures_dir, m.id, m.capture, dict(m.capture_meta))
-        except OSError as exc:
-            log.error("capture %s not written: %s", m.id, exc)
+        except Exception as exc:  # whatever went wrong, the record still goes
+            log.error("capture %s not written: %s: %s", m.id, type(exc).__name__, exc)
         self._after_capture(m, record)
 
     def _after_capture(self, m: Measurement, record: dict[str, Any]) -> None:
@@ -158,9 +165,6 @@ class Finisher:
             self.requests_log.write(record)
         except (OSError, ValueError) as exc:
             log.error("record %s not written: %s", m.id, exc)
-        self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
-                                     m.timing_uncertainty_s, m.client_backpressure_s)
-        self.failures.note(m.engine, m.result.reason, m.result.detail)
         for observer in self.observers:
             try:
                 observer.observe(record)

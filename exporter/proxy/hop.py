@@ -29,6 +29,9 @@ __all__ = ["Splice", "ClientGone", "ProxyFault", "HIGH_WATER"]
 HIGH_WATER = 256 << 10
 #: how often a back-pressure episode looks whether the client has caught up (seconds)
 BACKPRESSURE_POLL_S = 0.005
+#: bytes waiting in the client's transport above which the client is holding the stream up:
+#: the transport's low-water mark, at least this (uvloop reports 16 bytes, asyncio 16 KiB)
+BACKPRESSURE_MIN_BYTES = 16 << 10
 
 
 class ClientGone(Exception):
@@ -67,10 +70,12 @@ class Splice:
         # client back-pressure: upstream bytes waiting in the client transport's write buffer
         # above its low-water mark (the client's socket is full); one timestamp pair per episode
         try:
-            self._low_water = int(client.get_write_buffer_limits()[0])
+            low = int(client.get_write_buffer_limits()[0])
         except (AttributeError, NotImplementedError):  # pragma: no cover - a transport without limits
-            self._low_water = 0
+            low = 0
+        self._low_water = max(low, BACKPRESSURE_MIN_BYTES)
         self._bp_since: float | None = None
+        self._bp_seen = 0.0  # the last moment the episode's bytes were seen still waiting
         self._bp_total = 0.0
         self._bp_timer: asyncio.TimerHandle | None = None
 
@@ -81,7 +86,7 @@ class Splice:
 
     def _watch_backpressure(self, now: float) -> None:
         if self._bp_since is None and self.client.get_write_buffer_size() > self._low_water:
-            self._bp_since = now
+            self._bp_since = self._bp_seen = now
             self._bp_timer = asyncio.get_running_loop().call_later(BACKPRESSURE_POLL_S, self._poll_backpressure)
 
     def _poll_backpressure(self) -> None:
@@ -89,8 +94,9 @@ class Splice:
         if self._bp_since is None:
             return
         if self.ended or self.client.is_closing() or self.client.get_write_buffer_size() <= self._low_water:
-            self._end_backpressure(time.monotonic())
+            self._end_backpressure(self._bp_seen)  # drained since it was last seen waiting
         else:
+            self._bp_seen = time.monotonic()
             self._bp_timer = asyncio.get_running_loop().call_later(BACKPRESSURE_POLL_S, self._poll_backpressure)
 
     def _end_backpressure(self, now: float) -> None:
@@ -184,8 +190,9 @@ class Splice:
             self._check_deadline(loop, first_byte_at, idle_s)
         try:
             while not self.ended:
-                self._waiter = loop.create_future()
-                await self._waiter
+                if not self.paused:  # paused again inside resume_reading: aiohttp >= 3.14 re-feeds held bytes there
+                    self._waiter = loop.create_future()
+                    await self._waiter
                 if self.paused and not self.ended:
                     await self._drain(writer)
         finally:
@@ -193,7 +200,9 @@ class Splice:
             self.ended = True
             if self._timer is not None:
                 self._timer.cancel()
-            self._end_backpressure(time.monotonic())
+            if self._bp_since is not None:  # still waiting now, or drained since last seen waiting
+                waiting = not self.client.is_closing() and self.client.get_write_buffer_size() > self._low_water
+                self._end_backpressure(time.monotonic() if waiting else self._bp_seen)
         if self.error is not None:
             raise self.error
 
@@ -216,7 +225,9 @@ class Splice:
             try:
                 out = self.transform(pending) if self.transform is not None else pending
                 if out:
-                    await writer.write(out)  # headers and chunk framing: aiohttp's writer
+                    # headers and chunk framing: aiohttp's writer; no drain here, so that a slow
+                    # client's bytes wait where the splice sees them (back-pressure, pausing)
+                    await writer.write(out, drain=False)
                     sent = True
                 self.on_read(pending, now)
             except ConnectionError as exc:

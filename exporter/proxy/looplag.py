@@ -1,4 +1,5 @@
-"""The event loop's own lateness, measured while requests are in flight.
+"""The event loop's own lateness, sampled all the time the proxy runs (fast while requests are
+in flight), and the largest lag each request saw.
 
 A timestamp taken on the loop is late by however long the loop was busy (or blocked)
 before it got to the socket that became readable.  The probe measures exactly that: a

@@ -48,7 +48,7 @@ TPOT_BUCKETS: tuple[float, ...] = (
 )
 E2E_BUCKETS: tuple[float, ...] = TTFT_BUCKETS + (720.0, 900.0, 1200.0, 1800.0, 2400.0, 3600.0)
 #: client back-pressure: 0 (the usual case) up to the longest E2E
-BACKPRESSURE_BUCKETS: tuple[float, ...] = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 600.0, 3600.0)
+BACKPRESSURE_BUCKETS: tuple[float, ...] = (0.0, 0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 600.0)
 
 _LABELS = ("engine", "scenario")
 

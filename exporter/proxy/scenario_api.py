@@ -45,7 +45,10 @@ async def scenario_handler(request: web.Request) -> web.Response:
     if problem is not None:
         return json_error(400, problem, "invalid_request")
     name, rnd = doc.get("scenario"), doc.get("round", 0)
-    engines = state.scenarios.set(name, rnd, doc.get("engine"))
+    try:
+        engines = state.scenarios.set(name, rnd, doc.get("engine"))
+    except (ValueError, OSError) as exc:  # the shared state could not take it: say so, keep serving
+        return json_error(507, f"scenario not set: {exc}", "scenario_state")
     label = None if name is None or name in CLEAR else state.scenarios.label(name)
     return web.json_response({"scenario": label, "round": rnd, "engines": engines})
 

@@ -35,8 +35,13 @@ class Sink:
             self.done.set_result(None)
 
 
+#: set by the client once its reads are redirected: the upstream sends the rest only then
+GO: dict[str, asyncio.Event] = {}
+
+
 async def _upstream(aiohttp_server: Any, *, sized: bool = False, cut: bool = False) -> Any:
     peers: list[Any] = []
+    GO["go"] = go = asyncio.Event()
 
     async def handle(request: web.Request) -> web.StreamResponse:
         assert request.transport is not None
@@ -47,7 +52,7 @@ async def _upstream(aiohttp_server: Any, *, sized: bool = False, cut: bool = Fal
             resp.content_length = len(body)
         await resp.prepare(request)
         await resp.write(PIECES[0])
-        await asyncio.sleep(0.02)  # the client has its headers and the first read by now
+        await go.wait()  # the client has its headers, maybe the first read, and redirected the rest
         for piece in PIECES[1:25]:
             await resp.write(piece)
             await asyncio.sleep(0)
@@ -73,6 +78,7 @@ async def _redirected(resp: aiohttp.ClientResponse) -> tuple[Sink, bytes]:
     sink = Sink()
     redirect_reads(resp.content, sink)
     assert is_redirected(resp.content)
+    GO["go"].set()
     await asyncio.wait_for(sink.done, 10)
     return sink, first
 
@@ -110,6 +116,7 @@ async def test_the_connection_protocol_pauses_and_resumes_reading(aiohttp_server
         assert not protocol.transport.is_reading()
         protocol.resume_reading()
         assert protocol.transport.is_reading()
+        GO["go"].set()
         await resp.read()
 
 

@@ -23,7 +23,6 @@ from exporter.core.analysis import RequestSpec, analyze_bytes
 from tests.helpers import OK_BODY, OK_EVENTS, read_records, wait_for_records
 from tests.transcripts import CASES, Case
 
-AIOHTTP = tuple(int(x) for x in aiohttp.__version__.split(".")[:2])
 STREAM_REQ = {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
 
 
@@ -238,9 +237,6 @@ async def test_a_client_that_stops_reading_pauses_the_upstream(upstream, proxy_f
     assert rec["client_backpressure_s"] > 0
 
 
-@pytest.mark.xfail(AIOHTTP >= (3, 14), strict=True, raises=AssertionError,
-                   reason="hop.py: Splice._first forwards through aiohttp's writer with drain; from aiohttp 3.14, on a "
-                          "pooled upstream connection a slow client's whole answer bypasses the splice")
 async def test_back_pressure_is_counted_on_a_pooled_upstream_connection(upstream, proxy_factory,
                                                                        tmp_path: Path) -> None:
     """The second slow client's request reuses the upstream connection: its answer goes

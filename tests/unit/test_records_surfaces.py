@@ -89,7 +89,7 @@ def _slow_reader(port: int, path: str, stop: threading.Event, got: list[int]) ->
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # before connect: the window
     sock.settimeout(30)
     sock.connect(("127.0.0.1", port))
-    body = b'{"prompt":"hi","stream":true}'
+    body = b'{"prompt":"hi","stream":true,"max_tokens":1000}'
     sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
     try:
@@ -103,19 +103,21 @@ def _slow_reader(port: int, path: str, stop: threading.Event, got: list[int]) ->
         sock.close()
 
 
-def _big_stream() -> list[bytes]:
+def _big_stream(n: int) -> list[bytes]:
+    """``n`` events of about 260 bytes each, then usage and [DONE]."""
     text = "x" * 200
     ev = ('{"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
           f'"text":"{text}","logprobs":null,"finish_reason":null}}]}}')
     usage = '{"id":"c","object":"text_completion","created":1,"model":"m","choices":[],' \
-            '"usage":{"prompt_tokens":1,"completion_tokens":1000,"total_tokens":1001}}'
-    return [sse(ev)] * 1000 + [sse(usage, "[DONE]")]
+            f'"usage":{{"prompt_tokens":1,"completion_tokens":{n},"total_tokens":{n + 1}}}}}'
+    return [sse(ev)] * n + [sse(usage, "[DONE]")]
 
 
 async def _paced(request: web.Request) -> web.StreamResponse:
+    n = int((await request.json()).get("max_tokens", 1000))
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    for i, ev in enumerate(_big_stream()):
+    for i, ev in enumerate(_big_stream(n)):
         await resp.write(ev)
         if i % 50 == 0:
             await asyncio.sleep(0.005)
@@ -131,11 +133,14 @@ async def test_a_slow_reading_client_is_client_bound_and_a_fast_one_is_not(aioht
     server = await aiohttp_server(up.app())
     client = await proxy_factory(server.port)
     async with aiohttp.ClientSession() as fast:  # reads at once
+        # 100 kB: less than the kernel holds for a client that keeps its socket open
+        # (TCP_NOTSENT_LOWAT plus its receive window), however late its loop reads
         async with fast.post(f"http://127.0.0.1:{client.port}/vllm/v1/completions",
-                             json={"prompt": "hi", "stream": True}) as resp:
-            assert len(await resp.read()) > 250_000
+                             json={"prompt": "hi", "stream": True, "max_tokens": 400}) as resp:
+            assert len(await resp.read()) > 100_000
     (quick,) = await wait_for_records(tmp_path, 1)
     assert quick["outcome"] == "success" and quick["client_bound"] is False
+    assert quick["client_backpressure_s"] == 0.0
 
     stop, got = threading.Event(), []
     reader = threading.Thread(target=_slow_reader, args=(client.port, "/vllm/v1/completions", stop, got))
