@@ -20,6 +20,7 @@ import asyncio
 import gzip
 import inspect
 import re
+import struct
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -31,6 +32,8 @@ from prometheus_client.registry import Collector
 __all__ = ["metrics_response", "metrics_handler", "render", "GZIP_LEVEL"]
 
 GZIP_LEVEL = 1
+#: a render that meets a value file mid-creation (a worker starting) is tried this often
+RENDER_TRIES = 3
 _LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _OM_ESCAPING = {"escaping", "version"} <= set(inspect.signature(openmetrics.generate_latest).parameters)
 _OM_UNDERSCORES = re.compile(r"application/openmetrics-text; version=([0-9.]+); charset=utf-8; escaping=underscores")
@@ -80,8 +83,15 @@ async def metrics_response(request: web.Request, registry: Collector) -> web.Res
     accept = ",".join(request.headers.getall(hdrs.ACCEPT, []))
     accept_encoding = ",".join(request.headers.getall(hdrs.ACCEPT_ENCODING, []))
     names = request.query.getall("name[]", [])
-    body, headers = await asyncio.to_thread(render, registry, accept, accept_encoding, names)
-    return web.Response(body=body, headers=headers)
+    for attempt in range(RENDER_TRIES):
+        try:
+            body, headers = await asyncio.to_thread(render, registry, accept, accept_encoding, names)
+            return web.Response(body=body, headers=headers)
+        except struct.error:  # a worker's value file read while it was being created: gone in a moment
+            if attempt + 1 == RENDER_TRIES:
+                return web.Response(status=503, text="metrics files are being created; scrape again\n")
+            await asyncio.sleep(0.05)
+    raise AssertionError("unreachable")
 
 
 def metrics_handler(registry: Collector) -> Callable[[web.Request], Awaitable[web.Response]]:

@@ -193,7 +193,10 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     await runner.setup()
     # The first scrape costs what every later one does: imports, parsed file keys, the gzip
     # module are made now, before the socket exists (a worker is ready once it does).
-    render(registry, "application/openmetrics-text; version=1.0.0", "gzip")
+    try:
+        render(registry, "application/openmetrics-text; version=1.0.0", "gzip")
+    except Exception as exc:  # best effort: a worker may be creating its value files right now
+        log.debug("first /metrics render before serving: %s: %s", type(exc).__name__, exc)
     await web.UnixSite(runner, str(run_dir / "metrics.sock")).start()
     with contextlib.suppress(OSError):  # from now on the renderer yields the CPU to the workers
         os.nice(nice)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,16 @@ def test_rooms_import_downward() -> None:
     upward = sorted((a, b) for a, deps in _graph().items() for b in deps
                     if _room(a) is not None and _room(b) is not None and _room(b) > _room(a))  # type: ignore[operator]
     assert not upward, upward
+
+
+def test_architecture_names_every_module() -> None:
+    """docs/architecture.md's drawing is redrawn when a module comes or goes."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    drawing = text[text.index("```"):text.index("```", text.index("```") + 3)]
+    missing = sorted(str(p.relative_to(ROOT)) for p in _sources()
+                     if p.name != "__init__.py" and p.name != "__main__.py"
+                     and not re.search(rf"\b{re.escape(p.stem)}\b", drawing))
+    assert not missing, missing
 
 
 def test_user_docs_cite_no_spec_sections() -> None:
