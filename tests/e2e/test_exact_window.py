@@ -100,10 +100,12 @@ class Site(Stack):
         result = self.prom.query(f'up{{{MIXIN.job_selector}, instance="{self.url(proxy)[7:]}"}}')
         return float(result[0]["value"][1]) if result else None
 
-    def scrapes(self, proxy: str) -> list[float]:
-        """The times Prometheus scraped ``proxy``: its samples' timestamps."""
-        result = self.prom.query(f'up{{{MIXIN.job_selector}, instance="{self.url(proxy)[7:]}"}}[30m]')
-        return [float(t) for t, _ in result[0]["values"]]
+    def scrapes(self, proxy: str) -> dict[float, float]:
+        """The times Prometheus scraped ``proxy`` (its samples' timestamps: when each scrape
+        began) and how long each took (the proxy read its counters somewhere in between)."""
+        sel = f'{{{MIXIN.job_selector}, instance="{self.url(proxy)[7:]}"}}'
+        result = self.prom.query(f"scrape_duration_seconds{sel}[30m]")
+        return {float(t): float(v) for t, v in result[0]["values"]}
 
     def close(self) -> None:
         for child in reversed([*self.children, *self.proxies.values()]):
@@ -130,11 +132,13 @@ def _ended(r: dict[str, Any]) -> float:
     return float(r["start_unix"]) + float(r.get("e2e_s") or 0.0)
 
 
-def _clear(scrape: float, ends: list[float]) -> bool:
-    return all(abs(e - scrape) > MARGIN_S for e in ends)
+def _clear(scrape: float, took: float, ends: list[float]) -> bool:
+    """No request ended near the scrape, nor while it was taken: one that ends between a scrape's
+    timestamp and the moment the proxy reads its counters falls on either side of it."""
+    return all(not scrape - MARGIN_S < e <= scrape + took + MARGIN_S for e in ends)
 
 
-def _window(scrapes: list[float], records: list[dict[str, Any]], first: tuple[float, float],
+def _window(scrapes: dict[float, float], records: list[dict[str, Any]], first: tuple[float, float],
             last: tuple[float, float]) -> tuple[float, float]:
     """A start scrape inside ``first`` and an end scrape inside ``last`` (each a load's span), no request
     ending near either, with requests ending in the scrape interval before each, and not the same
@@ -145,8 +149,10 @@ def _window(scrapes: list[float], records: list[dict[str, Any]], first: tuple[fl
     def before(s: float) -> Counter[tuple[str, str]]:
         return Counter((r["engine"], r["outcome"]) for r, e in zip(records, ends) if s - SCRAPE_S < e <= s)
 
-    starts = [s for s in scrapes if first[0] + SCRAPE_S < s < first[1] and _clear(s, ends) and before(s)]
-    finishes = [s for s in scrapes if last[0] + SCRAPE_S < s < last[1] and _clear(s, ends) and before(s)]
+    starts = [s for s, took in scrapes.items()
+              if first[0] + SCRAPE_S < s < first[1] and _clear(s, took, ends) and before(s)]
+    finishes = [s for s, took in scrapes.items()
+                if last[0] + SCRAPE_S < s < last[1] and _clear(s, took, ends) and before(s)]
     pairs = [(a, b) for a in starts for b in finishes if before(a) != before(b)]
     assert pairs, f"no pair of scrapes to end the window on: starts {starts}, ends {finishes}"
     return pairs[0]
