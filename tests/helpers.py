@@ -172,3 +172,24 @@ def run_live_stack(tmp: Path) -> Iterator[LiveStack]:
         time.sleep(12)  # two more scrapes and rule evaluations
         stack.end = time.time()
         yield stack
+
+
+def just_after_a_scrape(prom_url: str, instance: str, timeout_s: float = 30.0) -> float:
+    """Wait for a fresh scrape of ``instance`` to be stored and return its timestamp: load started
+    now is clear of that scrape (a scrape's samples carry its start, while the proxy reads its
+    counters later, the more so on a busy machine) and has most of an interval before the next."""
+    prom = Prometheus(prom_url)
+    query = f'timestamp(up{{instance="{instance}"}})'
+
+    def last() -> float | None:
+        result = prom.query(query)
+        return float(result[0]["value"][1]) if result else None
+
+    seen = last()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = last()
+        if now is not None and now != seen:
+            return now
+        time.sleep(0.05)
+    raise TimeoutError(f"no new scrape of {instance} within {timeout_s:.0f} s")
