@@ -45,7 +45,6 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _ROUND = re.compile(r"[0-9]{1,7}")  # ASCII digits only: "²" passes str.isdigit() but not int()
 
 
-
 def json_error(status: int, message: str, kind: str) -> web.Response:
     body = {"error": {"message": message, "type": kind, "code": status}, "object": "error"}
     return web.json_response(body, status=status)
