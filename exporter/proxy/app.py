@@ -23,6 +23,7 @@ from .exposition import metrics_response
 from .gpu import GpuCollector, make_source, poll_forever
 from .scenario_api import scenario_handler, scenarios_handler
 from .state import CONFIG, STATE, ProxyState, Worker
+from .upstream import Pool
 
 __all__ = ["create_app", "CONFIG", "STATE", "ProxyState", "Worker"]
 
@@ -111,6 +112,7 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s)
     state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+    state.pool = Pool(t.connect_s)
     sock = state.worker.metrics_socket
     if sock is not None:
         app[METRICS_SESSION] = aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(sock)),
@@ -122,9 +124,11 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
         state.loop_lag.stop()
         await state.drain()
         await state.session.close()
+        state.pool.close()
         if sock is not None:
             await app[METRICS_SESSION].close()
         state.session = None
+        state.pool = None
         state.close()
 
 

@@ -17,7 +17,6 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-from aiohttp.streams import StreamReader
 
 from exporter.core.analysis import RequestSpec, Result, StreamAnalyzer
 from exporter.core.content import is_event_stream
@@ -31,6 +30,7 @@ from .records import Capture
 from .scenarios import MAX_ROUND
 from .state import ProxyState
 from .transport import transport_reason
+from .upstream import origin_of, request_head
 
 __all__ = ["Exchange", "json_error", "forward_headers"]
 
@@ -239,37 +239,33 @@ class Exchange:
 
     async def _stream(self, body: bytes) -> None:
         cfg = self.state.config
-        session = self.state.session
-        assert session is not None, "proxy used before start-up"
+        pool = self.state.pool
+        assert pool is not None, "proxy used before start-up"
         t = cfg.timeouts
         loop = asyncio.get_running_loop()
         end = loop.time() + t.total_s
         first_byte_at = time.monotonic() + t.first_byte_s
+        request = self.request
+        head = request_head(request.method, self.url, request.raw_headers, len(body))
         async with asyncio.timeout_at(min(loop.time() + t.first_byte_s, end)) as deadline:
-            async with session.request(
-                self.request.method, self.url, data=body,
-                headers=forward_headers(self.request.headers), allow_redirects=False,
-            ) as upstream:
+            upstream = await pool.request(origin_of(self.url), head, body)
+            try:
                 deadline.reschedule(end)  # from here the splice watches first byte and idle
                 streaming = is_event_stream(upstream.headers.get("Content-Type"), self.spec.stream)
                 self.analyzer = self._analyzer(upstream.status, streaming)
                 writer = await self._prepare(upstream)
-                transport = self.request.transport
+                transport = request.transport
                 if transport is None:
                     raise ClientGone()
                 if streaming:
                     cap_unsent(transport)  # a slow client's bytes wait where the splice sees them
-                resp = self.response
-                assert resp is not None
                 filt = self.usage_filter if upstream.status == 200 and streaming else None
                 self.usage_filter = filt
                 self.splice = splice = Splice(transport, writer.chunked, self._on_read,
                                               filt.feed if filt is not None else None)
-                content = upstream.content
-                assert isinstance(content, StreamReader)
-                conn = upstream.connection
-                await splice.run(content, conn.protocol if conn is not None else None, writer,
-                                 first_byte_at, t.idle_s)
+                await splice.run(upstream, writer, first_byte_at, t.idle_s)
+            finally:
+                upstream.release()
 
     def _analyzer(self, status: int, streaming: bool) -> StreamAnalyzer:
         cfg = self.state.config

@@ -1,15 +1,13 @@
 """The hop: each upstream read goes to the client's transport and to the measuring core in
 the callback that received it, with no coroutine wake-up per read.
 
-aiohttp's client parses the upstream's HTTP framing (chunked or not) in C and hands each
-body read to the response's ``StreamReader.feed_data``; a coroutine would then wake up per
-read to take it (``iter_any``) and another to write it (``StreamResponse.write``).  Here the
-response's reads are redirected, once its headers have arrived, to :meth:`Splice.on_data`
-(:func:`exporter.proxy.internals.redirect_reads`, the one private aiohttp contract the
-proxy relies on, tested on its own): stamp the arrival time, write the bytes to
-the client's transport (chunk-framed when the client's response is chunked), then feed the
-analyzer.  The coroutine that owns the request sleeps until the stream ends, fails, times
-out, or the client's write buffer fills (then the upstream is paused until it drains).
+The proxy's upstream client (:mod:`exporter.proxy.upstream`) parses the engine's HTTP framing
+(chunked or not) with llhttp and, once the answer's headers have come and a splice is attached,
+hands each body read to :meth:`Splice.on_data` from the connection's ``data_received``: stamp the
+arrival time, write the bytes to the client's transport (chunk-framed when the client's response
+is chunked), then feed the analyzer.  The coroutine that owns the request sleeps until the stream
+ends, fails, times out, or the client's write buffer fills (then the upstream is paused until it
+drains).
 """
 
 from __future__ import annotations
@@ -19,9 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp.streams import StreamReader
-
-from .internals import redirect_reads, restore_reads
+from .upstream import Response
 
 __all__ = ["Splice", "ClientGone", "ProxyFault", "HIGH_WATER"]
 
@@ -65,7 +61,7 @@ class Splice:
         self.error: BaseException | None = None
         self.paused = False
         self._waiter: asyncio.Future[None] | None = None
-        self._upstream: Any = None  # the upstream connection's protocol (pause/resume reading)
+        self._upstream: Response | None = None  # the answer being passed on (pause/resume reading)
         self._timer: asyncio.TimerHandle | None = None
         # client back-pressure: upstream bytes waiting in the client transport's write buffer
         # above its low-water mark (the client's socket is full); one timestamp pair per episode
@@ -174,29 +170,31 @@ class Splice:
             return
         self._timer = loop.call_later(left + 0.001, self._check_deadline, loop, first_byte_at, idle_s)
 
-    async def run(self, reader: StreamReader, upstream_protocol: Any, writer: Any,
-                  first_byte_at: float, idle_s: float) -> None:
+    async def run(self, upstream: Response, writer: Any, first_byte_at: float, idle_s: float) -> None:
         """Pass the body on until it ends; raise its error (ClientGone, TimeoutError, the
-        upstream's ClientPayloadError, or our own fault)."""
+        upstream's UpstreamClosed, or our own fault)."""
         loop = asyncio.get_running_loop()
-        self._upstream = upstream_protocol
-        await self._first(reader, writer)
-        if reader.exception() is not None:
-            self.end(reader.exception())
-        elif reader.is_eof():
+        self._upstream = upstream
+        await self._first(upstream, writer)
+        if upstream.exception() is not None:
+            self.end(upstream.exception())
+        elif upstream.is_eof():
             self.end(None)
         if not self.ended:
-            redirect_reads(reader, self)
+            rest = upstream.take_pending()  # came while the headers were being written
+            if rest:
+                self.on_data(rest)
+            upstream.attach(self)
             self._check_deadline(loop, first_byte_at, idle_s)
         try:
             while not self.ended:
-                if not self.paused:  # paused again inside resume_reading: aiohttp >= 3.14 re-feeds held bytes there
+                if not self.paused:  # a re-pause right after a resume must not wait for a wake-up
                     self._waiter = loop.create_future()
                     await self._waiter
                 if self.paused and not self.ended:
                     await self._drain(writer)
         finally:
-            restore_reads(reader)
+            upstream.detach()
             self.ended = True
             if self._timer is not None:
                 self._timer.cancel()
@@ -206,36 +204,33 @@ class Splice:
         if self.error is not None:
             raise self.error
 
-    async def _first(self, reader: StreamReader, writer: Any) -> None:
+    async def _first(self, upstream: Response, writer: Any) -> None:
         """Body bytes that came with the headers go out with them, in one write (the response's
         headers are still buffered in aiohttp's writer); without any, the headers go alone."""
+        pending = upstream.take_pending() if upstream.exception() is None else b""
         if writer is None:  # no aiohttp writer (tests): the headers were sent
-            pending = reader.read_nowait() if reader.exception() is None else b""
             if pending:
                 self.on_data(pending)
             return
-        sent = False
-        while not self.ended and reader.exception() is None:
-            pending = reader.read_nowait()
-            if not pending:
-                break
-            now = time.monotonic()
-            self.last_read = now
-            self.reads += 1
-            try:
-                out = self.transform(pending) if self.transform is not None else pending
-                if out:
-                    # headers and chunk framing: aiohttp's writer; no drain here, so that a slow
-                    # client's bytes wait where the splice sees them (back-pressure, pausing)
-                    await writer.write(out, drain=False)
-                    sent = True
-                self.on_read(pending, now)
-            except ConnectionError as exc:
-                raise ClientGone() from exc
-            except Exception as exc:
-                raise ProxyFault(f"{type(exc).__name__}: {exc}") from exc
-        if not sent:
+        if not pending:
             writer.send_headers()
+            return
+        now = time.monotonic()
+        self.last_read = now
+        self.reads += 1
+        try:
+            out = self.transform(pending) if self.transform is not None else pending
+            # headers and chunk framing: aiohttp's writer; no drain here, so that a slow
+            # client's bytes wait where the splice sees them (back-pressure, pausing)
+            if out:
+                await writer.write(out, drain=False)
+            else:
+                writer.send_headers()
+            self.on_read(pending, now)
+        except ConnectionError as exc:
+            raise ClientGone() from exc
+        except Exception as exc:
+            raise ProxyFault(f"{type(exc).__name__}: {exc}") from exc
 
     async def _drain(self, writer: Any) -> None:
         client = self.client

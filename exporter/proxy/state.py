@@ -20,6 +20,7 @@ from .looplag import LoopLag
 from .metrics import ProxyMetrics
 from .records import JsonlWriter
 from .scenarios import ScenarioBoard
+from .upstream import Pool
 
 __all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker", "new_run_id"]
 
@@ -69,7 +70,8 @@ class ProxyState:
         )
         if worker.shared_scenarios is not None:  # all workers see one scenario state
             self.scenarios = worker.shared_scenarios.wrap(self.scenarios)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # unmeasured pass-through (GET)
+        self.pool: Pool | None = None  # measured requests: the proxy's own upstream client
         # upstream URLs parsed once, not per request
         self.urls = {(e.name, p): URL(f"{e.base_url}/{p}") for e in config.engines for p in MEASURED.values()}
         self.in_flight = 0  # all engines together; the simulated GPUs follow it

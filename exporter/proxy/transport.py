@@ -1,13 +1,22 @@
-"""What an aiohttp client exception means for the verdict.
+"""What a transport failure means for the verdict.
 
-Shared by the proxy and the load driver, so both name the same failure the same way.
+Shared by the proxy (its own upstream client, :mod:`exporter.proxy.upstream`) and the load
+driver (aiohttp's client), so both name the same failure the same way.
 """
 
 from __future__ import annotations
 
 import aiohttp
 
-__all__ = ["transport_reason"]
+__all__ = ["transport_reason", "UpstreamConnectError", "UpstreamClosed"]
+
+
+class UpstreamConnectError(ConnectionError):
+    """No connection to the engine could be opened: the request never reached it."""
+
+
+class UpstreamClosed(ConnectionError):
+    """The engine's connection broke, or its answer could not be parsed as HTTP/1.1."""
 
 
 def transport_reason(exc: BaseException) -> str | None:
@@ -15,7 +24,7 @@ def transport_reason(exc: BaseException) -> str | None:
 
     A connect timeout is a connect error: the request never reached the engine.
     """
-    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+    if isinstance(exc, (UpstreamConnectError, aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
         return "connect_error"
     if isinstance(exc, TimeoutError):
         return "timeout"

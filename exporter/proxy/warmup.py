@@ -6,7 +6,8 @@ upstream request (aiohttp's request path run for the first time, and the connect
 engine); warmed this way it was 5-10 ms against 17-28 ms cold, side by side on a busy machine
 (``bench/cold_start.py``).  So, before the first request:
 
-* one pooled keep-alive connection to each engine, opened by an unmeasured ``GET /health``
+* one pooled keep-alive connection to each engine (the proxy's own upstream client,
+  :mod:`exporter.proxy.upstream`), opened by an unmeasured ``GET /health``
   (best effort: an engine that is not up yet costs at most ``WARM_TIMEOUT_S`` and nothing
   else; a non-200 answer warms the same code; an engine that closes idle connections sooner
   than the first request comes leaves the warmed code, not the connection);
@@ -19,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import aiohttp
+from yarl import URL
 
 from exporter.core.analysis import RequestSpec, analyze_bytes
 from exporter.core.usage import UsageEventFilter, inject_usage
 
 from .config import Config
+from .transport import UpstreamClosed, UpstreamConnectError
+from .upstream import Pool, origin_of, request_head
 
 __all__ = ["warm_up", "WARM_TIMEOUT_S"]
 
@@ -55,14 +58,35 @@ def warm_core() -> None:
     analyze_bytes([(0.001, _STREAM[:half]), (0.002, _STREAM[half:])], status=200, spec=spec, streaming=True)
 
 
-async def _connect(session: aiohttp.ClientSession, url: str) -> None:
-    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+class _Discard:
+    """A sink that drops a body and says when it ended."""
+
+    def __init__(self, ended: asyncio.Future[None]) -> None:
+        self.ended = ended
+
+    def on_data(self, data: bytes) -> None:
+        pass
+
+    def end(self, error: BaseException | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
+async def _connect(pool: Pool, url: URL) -> None:
+    with contextlib.suppress(UpstreamConnectError, UpstreamClosed, TimeoutError):
         async with asyncio.timeout(WARM_TIMEOUT_S):
-            async with session.get(url, headers={"Accept-Encoding": "identity"}) as resp:
-                await resp.read()  # read whole: the connection goes back to the pool
+            resp = await pool.request(origin_of(url), request_head("GET", url, (), 0), b"")
+            try:  # read the body whole, so that the connection is pooled
+                resp.take_pending()
+                if not (resp.is_eof() or resp.exception() is not None):
+                    ended = asyncio.get_running_loop().create_future()
+                    resp.attach(_Discard(ended))
+                    await ended
+            finally:
+                resp.release()
 
 
-async def warm_up(config: Config, session: aiohttp.ClientSession) -> None:
+async def warm_up(config: Config, pool: Pool) -> None:
     """Warm the core, and open one pooled connection to each engine."""
     warm_core()
-    await asyncio.gather(*(_connect(session, f"{e.base_url}/health") for e in config.engines))
+    await asyncio.gather(*(_connect(pool, URL(f"{e.base_url}/health")) for e in config.engines))

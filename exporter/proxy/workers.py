@@ -139,8 +139,8 @@ async def _warm_up(app: Any) -> None:
     from .warmup import warm_up
 
     state = app[STATE]
-    assert state.session is not None
-    await warm_up(state.config, state.session)
+    assert state.pool is not None
+    await warm_up(state.config, state.pool)
 
 
 def supervisor_registry(run_dir: Path) -> Any:
