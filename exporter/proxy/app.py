@@ -84,6 +84,7 @@ async def _metrics_handler(request: web.Request) -> web.Response:
     # serve: the supervisor renders every worker's values, in its own process; the format and
     # the compression it chose pass through as they are
     asked = {k: v for k in (hdrs.ACCEPT, hdrs.ACCEPT_ENCODING) if (v := ",".join(request.headers.getall(k, [])))}
+    asked.setdefault(hdrs.ACCEPT_ENCODING, "identity")  # else aiohttp's client asks for gzip on its behalf
     try:
         async with session.get("http://supervisor/metrics", headers=asked, params=request.rel_url.query) as resp:
             headers = {hdrs.CONTENT_TYPE: resp.headers.get(hdrs.CONTENT_TYPE, CONTENT_TYPE_LATEST)}

@@ -49,20 +49,52 @@ class _Families:
         return self.families
 
 
+def _legacy(family: Any) -> bool:
+    return bool(_LEGACY_NAME.fullmatch(family.name)) and all(
+        _LEGACY_NAME.fullmatch(s.name) and all(_LEGACY_NAME.fullmatch(k) for k in s.labels) for s in family.samples)
+
+
+#: per content type, each family's encoded bytes beside the family object they were made from:
+#: a collector that answers an unchanged family with the same object (the supervisor's merge,
+#: :mod:`exporter.proxy.merge`) has it encoded once, not on every scrape
+_ENCODED: dict[str, dict[str, tuple[Any, bytes]]] = {}
+_EOF = b"# EOF\n"
+
+
+def _encode_family(family: Any, encoder: Callable[[Any], bytes], version: str | None, eof: bool) -> bytes:
+    """One family's bytes, as they stand in the whole answer (an OpenMetrics one without the
+    ``# EOF`` that ends every answer)."""
+    if version is not None and _legacy(family):
+        out = bytes(openmetrics.generate_latest(_Families([family]), escaping=openmetrics.ALLOWUTF8, version=version))
+    else:
+        out = bytes(encoder(_Families([family])))
+    if eof:
+        assert out.endswith(_EOF), "an OpenMetrics answer ends with # EOF"
+        out = out[:-len(_EOF)]
+    return out
+
+
 def _encode(registry: Collector, encoder: Callable[[Any], bytes], content_type: str) -> bytes:
-    """``encoder``'s bytes (the OpenMetrics shortcut where it gives the same)."""
-    if not _OM_ESCAPING:
-        return encoder(registry)
-    asked = _OM_UNDERSCORES.fullmatch(content_type)
-    version = asked.group(1) if asked else "1.0.0" if content_type == openmetrics.CONTENT_TYPE_LATEST else None
-    if version is None:
-        return encoder(registry)
-    families = _Families(registry.collect())
-    if not all(_LEGACY_NAME.fullmatch(f.name) and all(
-            _LEGACY_NAME.fullmatch(s.name) and all(_LEGACY_NAME.fullmatch(k) for k in s.labels) for s in f.samples)
-            for f in families.families):
-        return encoder(families)
-    return bytes(openmetrics.generate_latest(families, escaping=openmetrics.ALLOWUTF8, version=version))
+    """``encoder``'s bytes for ``registry``, family by family (the OpenMetrics shortcut where
+    it gives the same bytes; a family object seen before, its bytes of then)."""
+    version: str | None = None
+    if _OM_ESCAPING:
+        asked = _OM_UNDERSCORES.fullmatch(content_type)
+        version = asked.group(1) if asked else "1.0.0" if content_type == openmetrics.CONTENT_TYPE_LATEST else None
+    openmetrics_answer = content_type.startswith("application/openmetrics-text")
+    cache = _ENCODED.setdefault(content_type, {})
+    parts = []
+    for family in registry.collect():
+        hit = cache.get(family.name)
+        if hit is not None and hit[0] is family:
+            parts.append(hit[1])
+            continue
+        out = _encode_family(family, encoder, version, openmetrics_answer)
+        cache[family.name] = (family, out)
+        parts.append(out)
+    if openmetrics_answer:
+        parts.append(_EOF)
+    return b"".join(parts)
 
 
 def render(registry: Collector, accept: str, accept_encoding: str, names: list[str] | None = None

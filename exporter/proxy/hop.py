@@ -80,11 +80,6 @@ class Splice:
         since = self._bp_since
         return self._bp_total + (now - since if since is not None else 0.0)
 
-    def _watch_backpressure(self, now: float) -> None:
-        if self._bp_since is None and self.client.get_write_buffer_size() > self._low_water:
-            self._bp_since = self._bp_seen = now
-            self._bp_timer = asyncio.get_running_loop().call_later(BACKPRESSURE_POLL_S, self._poll_backpressure)
-
     def _poll_backpressure(self) -> None:
         self._bp_timer = None
         if self._bp_since is None:
@@ -122,9 +117,17 @@ class Splice:
             fault.__cause__ = exc
             self.end(fault)
             return
+        waiting = self.client.get_write_buffer_size()
+        if waiting > self._low_water:
+            self._held_up(now, waiting)
+
+    def _held_up(self, now: float, waiting: int) -> None:
+        """The client has not taken what it was sent: a back-pressure episode starts (unless one
+        runs); past the high-water mark the upstream is paused."""
         if self._bp_since is None:
-            self._watch_backpressure(now)
-        if self.client.get_write_buffer_size() > HIGH_WATER and not self.paused:
+            self._bp_since = self._bp_seen = now
+            self._bp_timer = asyncio.get_running_loop().call_later(BACKPRESSURE_POLL_S, self._poll_backpressure)
+        if waiting > HIGH_WATER and not self.paused:
             self.paused = True
             if self._upstream is not None:
                 self._upstream.pause_reading()

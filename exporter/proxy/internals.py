@@ -1,9 +1,10 @@
-"""The one place where the proxy relies on a library's private behaviour.
+"""The one place where the proxy relies on a library's private behaviour (prometheus_client's).
 
-prometheus_client offers no public API for what is done here; the function says why, and what
-exactly it relies on.  ``tests/unit/test_internals.py`` exercises exactly this contract against
-the installed prometheus_client (CI runs it at the floor and at the newest release), so a
-release that breaks it turns a named test red instead of breaking the proxy at run time.
+prometheus_client offers no public API for what is done here; each function says why, and what
+exactly it relies on.  ``tests/unit/test_internals.py`` and ``tests/unit/test_merge.py`` exercise
+exactly these contracts against the installed prometheus_client (CI runs them at the floor and
+at the newest release), so a release that breaks one turns a named test red instead of breaking
+the proxy at run time.
 
 (The hop used to redirect aiohttp's client reads by switching a ``StreamReader``'s class in
 place; the proxy now speaks HTTP/1.1 to the engines itself, :mod:`exporter.proxy.upstream`,
@@ -14,11 +15,61 @@ through httptools' public parser API, so no aiohttp private contract is left.)
   is first imported; a forked worker inherits the supervisor's already imported module, so
   the value class is replaced instead.  Relied on: ``values.ValueClass`` is read each time a
   metric child is made, and ``values.MultiProcessValue()`` returns such a class.
+* :func:`read_entries` and :func:`accumulate` (prometheus_client's multiprocess mode): the
+  supervisor's merge of the workers' value files keeps what it parsed between scrapes
+  (:mod:`exporter.proxy.merge`); ``MultiProcessCollector`` re-reads and re-parses everything.
+  Relied on: a value file's layout (``mmap_dict``: a 4-byte ``used`` size, then entries of a
+  4-byte key length, the UTF-8 JSON key padded to 8 bytes, two doubles); the key's JSON
+  ``[metric name, sample name, labels, help]``; and ``MultiProcessCollector._accumulate_metrics``,
+  the merge of one family's raw samples (``_multiprocess_mode`` set on gauges).
 """
 
 from __future__ import annotations
 
-__all__ = ["use_multiprocess_values"]
+import json
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["use_multiprocess_values", "read_entries", "parse_key", "accumulate", "VALUES"]
+
+_INT = struct.Struct("i")
+#: a value and its timestamp, at an entry's value offset
+VALUES = struct.Struct("dd")
+
+
+def read_entries(data: bytes, start: int) -> Iterator[tuple[str, int]]:
+    """The entries of a value file's bytes from offset ``start`` (8 for the first): each key
+    and the offset of its two doubles; the last one yielded ends at ``offset + 16``.  Raises
+    ``struct.error`` on a file too short to hold its own size (being created), as
+    prometheus_client does."""
+    used = _INT.unpack_from(data, 0)[0]
+    pos = start
+    while pos < used:
+        length = _INT.unpack_from(data, pos)[0]
+        if length + pos > used:
+            raise RuntimeError("Read beyond file size detected, file is corrupted.")
+        pos += 4
+        key = data[pos:pos + length].decode("utf-8")
+        pos += length + (8 - (length + 4) % 8)
+        if pos + 16 > len(data):
+            raise struct.error("value file shorter than its entries")
+        yield key, pos
+        pos += 16
+
+
+def parse_key(key: str) -> tuple[str, str, tuple[tuple[str, str], ...], str]:
+    """(metric name, sample name, sorted label pairs, help) of a value file's key."""
+    metric_name, name, labels, help_text = json.loads(key)
+    return metric_name, name, tuple(sorted(labels.items())), help_text
+
+
+def accumulate(metric: Any) -> Any:
+    """One family's raw samples merged as ``MultiProcessCollector`` merges them."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    (merged,) = MultiProcessCollector._accumulate_metrics({metric.name: metric}, True)
+    return merged
 
 
 def use_multiprocess_values() -> None:

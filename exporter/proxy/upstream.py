@@ -126,13 +126,6 @@ class Response:
 
     # -- the connection's side ----------------------------------------------------------------
 
-    def _data(self, data: bytes) -> None:
-        sink = self._sink
-        if sink is not None:
-            sink.on_data(data)
-        else:
-            self._pending.append(data)
-
     def _end(self, error: BaseException | None) -> None:
         if self._eof or self._error is not None:
             return
@@ -227,10 +220,14 @@ class _Connection(asyncio.Protocol):
         if not resp.head.done():
             resp.head.set_result(None)
 
-    def on_body(self, body: bytes) -> None:
+    def on_body(self, body: bytes) -> None:  # the hot path: one call to the sink, no more
         resp = self.response
         if resp is not None and resp.status:
-            resp._data(body)
+            sink = resp._sink
+            if sink is not None:
+                sink.on_data(body)
+            else:
+                resp._pending.append(body)
 
     def on_message_complete(self) -> None:
         resp = self.response

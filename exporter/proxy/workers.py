@@ -147,12 +147,12 @@ def supervisor_registry(run_dir: Path) -> Any:
     """The registry the supervisor renders: every worker's values merged, and the scenario
     info and round gauges from the shared scenario state."""
     from prometheus_client import CollectorRegistry
-    from prometheus_client.multiprocess import MultiProcessCollector
 
+    from .merge import MergedValues
     from .shared import ScenarioInfoCollector, SharedScenarios
 
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(run_dir))
+    registry.register(MergedValues(run_dir))
     registry.register(ScenarioInfoCollector(SharedScenarios(run_dir / "scenarios.state")))
     return registry
 

@@ -92,6 +92,9 @@ async def test_the_supervisor_answers_in_the_asked_format_and_gzips(workers: lis
     plain = await workers[1].get("/metrics", headers={"Accept-Encoding": "identity"})
     assert plain.headers["Content-Type"].startswith("text/plain") and "Content-Encoding" not in plain.headers
     assert not (await plain.read()).endswith(b"# EOF\n")
+    bare = await workers[0].get("/metrics", skip_auto_headers=("Accept-Encoding",), auto_decompress=False)
+    assert "Content-Encoding" not in bare.headers  # a scraper that asked for no encoding gets none
+    assert b"llmbench_requests_total" in await bare.read()
 
 
 async def test_workers_warm_up_off_the_record(workers: list[TestClient], upstream: Any, tmp_path: Path) -> None:
