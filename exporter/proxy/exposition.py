@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
@@ -54,45 +55,77 @@ def _legacy(family: Any) -> bool:
         _LEGACY_NAME.fullmatch(s.name) and all(_LEGACY_NAME.fullmatch(k) for k in s.labels) for s in family.samples)
 
 
-#: per content type, each family's encoded bytes beside the family object they were made from:
-#: a collector that answers an unchanged family with the same object (the supervisor's merge,
-#: :mod:`exporter.proxy.merge`) has it encoded once, not on every scrape
-_ENCODED: dict[str, dict[str, tuple[Any, bytes]]] = {}
+class _Encoding:
+    """One content type's encoder, with the bytes of what it encoded last: per family (beside
+    the family object they were made from) and, for the supervisor's merged families
+    (:mod:`exporter.proxy.merge`), per series (beside the series' merge token).  An unchanged
+    family or series is then not encoded again; the bytes are the encoder's own, since each
+    family's block, and each sample line in it, depends on nothing else."""
+
+    def __init__(self, encoder: Callable[[Any], bytes], content_type: str) -> None:
+        self.encoder = encoder
+        self.version: str | None = None
+        if _OM_ESCAPING:
+            asked = _OM_UNDERSCORES.fullmatch(content_type)
+            self.version = asked.group(1) if asked else "1.0.0" if content_type == openmetrics.CONTENT_TYPE_LATEST else None
+        self.eof = content_type.startswith("application/openmetrics-text")
+        self.families: dict[str, tuple[Any, bytes]] = {}
+        self.series: dict[tuple[str, Any], tuple[Any, bytes]] = {}
+        self.heads: dict[tuple[str, str, str], bytes] = {}
+
+    def whole(self, family: Any) -> bytes:
+        """One family's bytes, as they stand in the whole answer (an OpenMetrics one without
+        the ``# EOF`` that ends every answer)."""
+        if self.version is not None and _legacy(family):
+            out = bytes(openmetrics.generate_latest(_Families([family]), escaping=openmetrics.ALLOWUTF8,
+                                                    version=self.version))
+        else:
+            out = bytes(self.encoder(_Families([family])))
+        if self.eof:
+            assert out.endswith(_EOF), "an OpenMetrics answer ends with # EOF"
+            out = out[:-len(_EOF)]
+        return out
+
+    def family(self, family: Any) -> bytes:
+        hit = self.families.get(family.name)
+        if hit is not None and hit[0] is family:
+            return hit[1]
+        series = getattr(family, "series", None)
+        out = self.whole(family) if series is None else self._by_series(family, series)
+        self.families[family.name] = (family, out)
+        return out
+
+    def _by_series(self, family: Any, series: list[tuple[Any, Any]]) -> bytes:
+        kind = (family.name, family.documentation, family.type)
+        head = self.heads.get(kind)
+        if head is None:
+            head = self.heads[kind] = self.whole(Metric(*kind))
+        parts = [head]
+        for key, one in series:
+            hit = self.series.get((family.name, key))
+            if hit is None or hit[0] is not one:
+                alone = Metric(*kind)
+                alone.samples = one.samples
+                out = self.whole(alone)
+                if not out.startswith(head):  # pragma: no cover - no encoder does this today
+                    return self.whole(family)
+                hit = self.series[(family.name, key)] = (one, out[len(head):])
+            parts.append(hit[1])
+        return b"".join(parts)
+
+
+_ENCODINGS: dict[str, _Encoding] = {}
 _EOF = b"# EOF\n"
-
-
-def _encode_family(family: Any, encoder: Callable[[Any], bytes], version: str | None, eof: bool) -> bytes:
-    """One family's bytes, as they stand in the whole answer (an OpenMetrics one without the
-    ``# EOF`` that ends every answer)."""
-    if version is not None and _legacy(family):
-        out = bytes(openmetrics.generate_latest(_Families([family]), escaping=openmetrics.ALLOWUTF8, version=version))
-    else:
-        out = bytes(encoder(_Families([family])))
-    if eof:
-        assert out.endswith(_EOF), "an OpenMetrics answer ends with # EOF"
-        out = out[:-len(_EOF)]
-    return out
 
 
 def _encode(registry: Collector, encoder: Callable[[Any], bytes], content_type: str) -> bytes:
     """``encoder``'s bytes for ``registry``, family by family (the OpenMetrics shortcut where
-    it gives the same bytes; a family object seen before, its bytes of then)."""
-    version: str | None = None
-    if _OM_ESCAPING:
-        asked = _OM_UNDERSCORES.fullmatch(content_type)
-        version = asked.group(1) if asked else "1.0.0" if content_type == openmetrics.CONTENT_TYPE_LATEST else None
-    openmetrics_answer = content_type.startswith("application/openmetrics-text")
-    cache = _ENCODED.setdefault(content_type, {})
-    parts = []
-    for family in registry.collect():
-        hit = cache.get(family.name)
-        if hit is not None and hit[0] is family:
-            parts.append(hit[1])
-            continue
-        out = _encode_family(family, encoder, version, openmetrics_answer)
-        cache[family.name] = (family, out)
-        parts.append(out)
-    if openmetrics_answer:
+    it gives the same bytes; what is unchanged since the last answer, its bytes of then)."""
+    encoding = _ENCODINGS.get(content_type)  # the content type names the encoder
+    if encoding is None:
+        encoding = _ENCODINGS[content_type] = _Encoding(encoder, content_type)
+    parts = [encoding.family(family) for family in registry.collect()]
+    if encoding.eof:
         parts.append(_EOF)
     return b"".join(parts)
 

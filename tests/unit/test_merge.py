@@ -1,7 +1,8 @@
-"""The supervisor's merge (exporter/proxy/merge.py) answers byte for byte what
-prometheus_client's own MultiProcessCollector and encoders answer for the same value files,
-written by real metrics of two "processes", while values move, series and files appear and a
-dead worker's live gauges go; and an unchanged family is neither merged nor encoded again."""
+"""The supervisor's merge (exporter/proxy/merge.py) answers the samples prometheus_client's own
+MultiProcessCollector answers for the same value files, written by real metrics of two
+"processes", while values move, series and files appear and a dead worker's live gauges go; its
+answer's bytes are prometheus_client's encoders' for the same families; and a series that did
+not change is neither merged nor encoded again."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, valu
 from prometheus_client.exposition import generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from exporter.proxy import exposition
 from exporter.proxy.exposition import render
 from exporter.proxy.merge import MergedValues
 
@@ -42,14 +45,36 @@ def procs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int], Pr
     return Proc
 
 
-def _expected(path: Path) -> tuple[bytes, bytes]:
+def _families(registry: Any) -> list[tuple[str, str, str, list[tuple[str, tuple[tuple[str, str], ...], float]]]]:
+    """Families in order, each one's samples as a sorted list (the order inside a family is
+    prometheus_client's version's own: 0.22 puts every histogram sum first)."""
+    return [(f.name, f.type, f.documentation,
+             sorted((s.name, tuple(sorted(s.labels.items())), s.value) for s in f.samples))
+            for f in registry.collect()]
+
+
+def _expected(path: Path) -> Any:
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(path))
-    return generate_latest(registry), openmetrics.generate_latest(registry)
+    return _families(registry)
 
 
-def _ours(registry: Any) -> tuple[bytes, bytes]:
-    return render(registry, "", "identity")[0], render(registry, OM, "identity")[0]
+class _Fixed:
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Any]:
+        return self.families
+
+
+def _check(registry: Any, merged: MergedValues, path: Path) -> None:
+    """Our samples are prometheus_client's; our bytes, its encoders' for our families."""
+    families = merged.collect()
+    assert _families(_Fixed(families)) == _expected(path)
+    fixed = _Fixed(families)
+    assert render(registry, "", "identity")[0] == generate_latest(fixed)  # type: ignore[arg-type]
+    assert render(registry, OM, "identity")[0] == openmetrics.generate_latest(fixed)  # type: ignore[arg-type]
+    text_string_to_metric_families(render(registry, OM, "identity")[0].decode())  # a valid OpenMetrics answer
 
 
 def test_the_merge_answers_what_prometheus_client_answers(procs: Callable[[int], Proc], tmp_path: Path) -> None:
@@ -59,7 +84,7 @@ def test_the_merge_answers_what_prometheus_client_answers(procs: Callable[[int],
     registry.register(merged)
 
     def same() -> None:
-        assert _ours(registry) == _expected(tmp_path)
+        _check(registry, merged, tmp_path)
 
     for p, n in ((a, 3), (b, 5)):
         p.requests.labels("vllm", "success").inc(n)
@@ -72,9 +97,10 @@ def test_the_merge_answers_what_prometheus_client_answers(procs: Callable[[int],
     before = merged.merges
     same()  # nothing moved: nothing merged again
     assert merged.merges == before
-    a.requests.labels("vllm", "success").inc()  # one family moves
+    a.requests.labels("vllm", "success").inc()  # one series moves
+    b.ttft.labels("vllm").observe(0.2)
     same()
-    assert merged.merges == before + 1
+    assert merged.merges == before + 2
     b.requests.labels("sglang", "failure").inc(2)  # a new series, appended to a file
     b.ttft.labels("sglang").observe(0.7)
     same()
@@ -96,22 +122,25 @@ def test_a_file_being_created_is_refused_as_prometheus_client_refuses_it(tmp_pat
         MultiProcessCollector(None, path=str(tmp_path)).collect()
 
 
-def test_an_unchanged_family_is_encoded_once(procs: Callable[[int], Proc], tmp_path: Path,
+def test_an_unchanged_series_is_encoded_once(procs: Callable[[int], Proc], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     a = procs(101)
-    a.requests.labels("vllm", "success").inc()
+    for engine in ("vllm", "sglang"):
+        a.requests.labels(engine, "success").inc()
+        a.ttft.labels(engine).observe(0.3)
     a.each.set(1)
     registry = CollectorRegistry()
     registry.register(MergedValues(tmp_path))
     render(registry, OM, "identity")
-    encoded: list[str] = []
-    real = openmetrics.generate_latest
+    encoded: list[tuple[str, list[dict[str, str]]]] = []
+    real = exposition._Encoding.whole
 
-    def counting(reg: Any, *args: Any, **kwargs: Any) -> bytes:
-        encoded.extend(f.name for f in reg.collect())
-        return real(reg, *args, **kwargs)
+    def counting(self: Any, family: Any) -> bytes:
+        encoded.append((family.name, [s.labels for s in family.samples]))
+        return real(self, family)
 
-    monkeypatch.setattr(openmetrics, "generate_latest", counting)
-    a.each.set(2)
+    monkeypatch.setattr(exposition._Encoding, "whole", counting)
+    a.ttft.labels("sglang").observe(0.3)
     render(registry, OM, "identity")
-    assert encoded == ["t_each"]
+    assert [name for name, _ in encoded] == ["t_ttft_seconds"]  # one family, one series of it
+    assert {labels["engine"] for _, samples in encoded for labels in samples} == {"sglang"}
