@@ -8,7 +8,7 @@ Builds the tests' tiny random-weight llama (tests/vllm_engine.py), starts `vllm 
 (defaults, one engine), nginx (`nginx-light`, `proxy_buffering off`; left out with a note when
 not installed) and Prometheus, then runs one unmeasured warm-up straight to vLLM and, each round,
 one `vllm bench serve` (random 256 in / 64 out, ``--ignore-eos``) per path in the order direct,
-nginx, proxy.  Prints each run's median TTFT and the medians over runs of TTFT, TPOT and output
+nginx, proxy (and ``--before DIR``: another tree's proxy, scraped alike).  Prints each run's median TTFT and the medians over runs of TTFT, TPOT and output
 throughput, the proxy's CPU seconds per request (all its processes, from /proc) and nginx's,
 and the proxy's records' ``timing_uncertainty_s``.  The first proxy run, through a freshly
 started proxy, is shown apart.  Speed is measured here, never asserted in tests.
@@ -41,7 +41,7 @@ from exporter.harness.stack import (  # noqa: E402
 )
 from tests.vllm_engine import VllmServer, bench_serve, build_model, start_proxy, vllm_missing  # noqa: E402
 
-PATHS = ("direct", "nginx", "proxy")
+PATHS = ("direct", "nginx", "proxy", "before")
 
 
 def start_nginx(tmp: Path, up_port: int) -> tuple[Child, str] | None:
@@ -54,6 +54,21 @@ def start_nginx(tmp: Path, up_port: int) -> tuple[Child, str] | None:
     child = Child("nginx", [binary, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)], tmp)
     wait_http(f"http://127.0.0.1:{port}/up/health", 30, child)
     return child, f"http://127.0.0.1:{port}/up"
+
+
+def start_before(tree: Path, out: Path, upstream: str) -> tuple[Child, str]:
+    """Another source tree's ``serve`` (defaults, one engine), ready: path ``before``."""
+    import yaml
+
+    port = free_port()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "proxy.yaml"
+    path.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}", "records_dir": str(out / "run"),
+                                    "engines": [{"name": "vllm", "upstream": upstream}]}))
+    code = f"import sys; sys.path.insert(0, {str(tree.resolve())!r}); from exporter.cli import main; sys.exit(main())"
+    child = Child("before", [sys.executable, "-c", code, "serve", "--config", str(path)], out)
+    wait_http(f"http://127.0.0.1:{port}/-/ready", 60, child)
+    return child, f"http://127.0.0.1:{port}"
 
 
 def one_run(args: argparse.Namespace, model: Path, url: str, out: Path, cpu_pid: int | None) -> dict[str, Any]:
@@ -92,9 +107,12 @@ def report(runs: dict[str, list[dict[str, Any]]], uncertainty: list[float]) -> d
         print(f"{path:<7} {m['median_ttft_ms']:>7.1f}  {m['median_tpot_ms']:>7.2f}  {m['output_throughput']:>9,.0f}"
               f"  {_fmt(cpu_ms, '>14.2f')}")
     ref = "nginx" if "nginx" in summary else "direct"
-    s, r = summary["proxy"], summary[ref]
-    print(f"\nproxy vs {ref}: TTFT x{s['median_ttft_ms'] / r['median_ttft_ms']:.2f}, "
-          f"output throughput x{s['output_throughput'] / r['output_throughput']:.2f}")
+    print()
+    for name in ("proxy", "before"):
+        if name in summary:
+            s, r = summary[name], summary[ref]
+            print(f"{name} vs {ref}: TTFT x{s['median_ttft_ms'] / r['median_ttft_ms']:.2f}, "
+                  f"output throughput x{s['output_throughput'] / r['output_throughput']:.2f}")
     proxy_runs = runs["proxy"]
     if len(proxy_runs) > 1:
         later = statistics.median(x["median_ttft_ms"] for x in proxy_runs[1:])
@@ -129,11 +147,16 @@ def measure(args: argparse.Namespace, tmp: Path, children: list[Any]) -> dict[st
     proxy, proxy_url = start_proxy(tmp / "proxy", [{"name": "vllm", "upstream": server.url}])
     children.append(proxy)
     urls, pids = {"direct": server.url, "proxy": f"{proxy_url}/vllm"}, {"proxy": proxy.proc.pid}
+    if args.before:
+        before, before_url = start_before(args.before, tmp / "before", server.url)
+        children.append(before)
+        urls["before"], pids["before"] = f"{before_url}/vllm", before.proc.pid
     nginx = None if args.no_nginx else start_nginx(tmp, server.port)
     if nginx is not None:
         children.append(nginx[0])
         urls["nginx"], pids["nginx"] = nginx[1], nginx[0].proc.pid
-    config = render_prometheus_config({"llmbench-exporter": [proxy_url.removeprefix("http://")],
+    proxies = [proxy_url] + ([before_url] if args.before else [])
+    config = render_prometheus_config({"llmbench-exporter": [u.removeprefix("http://") for u in proxies],
                                        "vllm": [server.url.removeprefix("http://")]}, tmp / "prometheus",
                                       scrape_interval=f"{args.scrape_interval:g}s")
     prom_port = free_port()
@@ -158,6 +181,9 @@ def main() -> int:
     ap.add_argument("--scrape-interval", type=float, default=5.0, help="Prometheus's, in seconds")
     ap.add_argument("--no-nginx", action="store_true", help="leave nginx out even when installed")
     ap.add_argument("--json", type=Path, help="write the runs and medians here")
+    ap.add_argument("--before", type=Path, metavar="DIR",
+                    help="also run the proxy of another source tree (e.g. `git worktree add DIR REV`) as path "
+                         "'before', side by side (scraped like the proxy)")
     args = ap.parse_args()
     why = vllm_missing()
     if why:

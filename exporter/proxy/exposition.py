@@ -12,6 +12,12 @@ One shortcut, exact: prometheus_client's OpenMetrics encoder applies the default
 supervisor's CPU for 5,000 series, against 37 ms with ``allow-utf-8``).  Where every name is
 a legacy one, that escaping changes nothing, so the same bytes are made with ``allow-utf-8``
 escaping (``test_supervisor.py`` holds the two outputs equal).
+
+Families are encoded one by one, and the bytes of each are kept beside the object they were
+made from: a collector that answers an unchanged family or series with the same object (the
+supervisor's merge, :mod:`exporter.proxy.merge`) has it encoded once, not on every scrape.  The
+bytes are the encoder's own: a family's block, and each sample line in it, depends on nothing
+else (``test_merge.py`` holds them equal to the encoders' for the whole answer).
 """
 
 from __future__ import annotations

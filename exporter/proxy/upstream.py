@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Iterable
 from typing import Protocol, cast
 
@@ -156,6 +157,7 @@ class _Connection(asyncio.Protocol):
         self.reusable = False  # the last answer ended cleanly with keep-alive
         self.answered = False  # the current answer's first byte came
         self.used = 0
+        self.idle_since = 0.0
         self._paused = False
         self._reason: list[bytes] = []
 
@@ -165,6 +167,9 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
 
     def data_received(self, data: bytes) -> None:
+        if self.response is None:  # bytes on an idle connection answer nothing we asked: drop it
+            self.close()
+            return
         self.answered = True
         try:
             self.parser.feed_data(data)
@@ -280,8 +285,13 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+#: an idle pooled connection older than this is closed (aiohttp's client keeps them 15 s too)
+KEEPALIVE_S = 15.0
+
+
 class Pool:
-    """Keep-alive connections per origin, opened on demand, with no limit on their number."""
+    """Keep-alive connections per origin, opened on demand, with no limit on their number; an
+    idle one is used again (the newest first) or closed after ``KEEPALIVE_S``."""
 
     def __init__(self, connect_s: float) -> None:
         self.connect_s = connect_s
@@ -316,7 +326,9 @@ class Pool:
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
-            if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
+            if time.monotonic() - conn.idle_since > KEEPALIVE_S:
+                conn.close()
+            elif not conn.lost and conn.transport is not None and not conn.transport.is_closing():
                 return conn
         return None
 
@@ -340,7 +352,12 @@ class Pool:
         return conn
 
     def put(self, conn: _Connection) -> None:
-        self._idle.setdefault(conn.origin, []).append(conn)
+        now = time.monotonic()
+        conn.idle_since = now
+        idle = self._idle.setdefault(conn.origin, [])
+        while idle and now - idle[0].idle_since > KEEPALIVE_S:  # the oldest first
+            idle.pop(0).close()
+        idle.append(conn)
 
     def forget(self, conn: _Connection) -> None:
         idle = self._idle.get(conn.origin)

@@ -288,3 +288,38 @@ def test_under_uvloop_as_serve_runs_it() -> None:
         assert loop.run_until_complete(main()) == (b"ok", b"ok", 1)
     finally:
         loop.close()
+
+
+async def test_idle_connections_expire_and_one_that_speaks_unasked_is_closed(
+        raw_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter.proxy import upstream
+
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await _read_request(reader)
+        await asyncio.sleep(0.05)  # both requests are in flight at once: two connections
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx")
+        await writer.drain()
+        await reader.read()
+
+    url = await raw_server(handler)
+    pool = Pool(2.0)
+    first, second = await asyncio.gather(*(pool.request(origin_of(url), _get(url), b"") for _ in range(2)))
+    for resp in (first, second):
+        await _body(resp)
+    first.release()
+    assert pool.idle(origin_of(url)) == 1
+    monkeypatch.setattr(upstream, "KEEPALIVE_S", 0.0)
+    await asyncio.sleep(0.01)
+    second.release()  # pooling it closes the one idle past KEEPALIVE_S
+    assert pool.idle(origin_of(url)) == 1 and first._conn.transport.is_closing()
+    monkeypatch.setattr(upstream, "KEEPALIVE_S", 15.0)
+    for writer in writers:  # an answer to nothing, on the idle one (the other is closed)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    for _ in range(100):
+        if pool.idle(origin_of(url)) == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert pool.idle(origin_of(url)) == 0
