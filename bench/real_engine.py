@@ -8,8 +8,9 @@ Builds the tests' tiny random-weight llama (tests/vllm_engine.py), starts `vllm 
 (defaults, one engine), nginx (`nginx-light`, `proxy_buffering off`; left out with a note when
 not installed) and Prometheus, then runs one unmeasured warm-up straight to vLLM and, each round,
 one `vllm bench serve` (random 256 in / 64 out, ``--ignore-eos``) per path in the order direct,
-nginx, proxy (and ``--before DIR``: another tree's proxy, scraped alike).  Prints each run's median TTFT and the medians over runs of TTFT, TPOT and output
-throughput, the proxy's CPU seconds per request (all its processes, from /proc) and nginx's,
+nginx, proxy (and, with ``--before DIR``, another tree's proxy, scraped alike).  Prints each
+run's median TTFT and the medians over runs of TTFT, TPOT and output throughput, the proxy's
+CPU seconds per request (all its processes, from /proc) and nginx's,
 and the proxy's records' ``timing_uncertainty_s``.  The first proxy run, through a freshly
 started proxy, is shown apart.  Speed is measured here, never asserted in tests.
 """
