@@ -139,29 +139,35 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-async def test_an_interim_100_is_skipped(raw_server: Any) -> None:
+def _answer(*parts: bytes, close: bool = False) -> Handler:
+    """A raw engine: reads one request, writes ``parts`` 50 ms apart, then closes or idles."""
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Made\r\nX-A: 1\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
+        for i, part in enumerate(parts):
+            if i:
+                await asyncio.sleep(0.05)
+            writer.write(part)
+            await writer.drain()
+        if close:
+            writer.close()
+        else:
+            await asyncio.sleep(1)
 
-    url = await raw_server(handler)
+    return handler
+
+
+async def test_an_interim_100_is_skipped(raw_server: Any) -> None:
+    url = await raw_server(_answer(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Made\r\nX-A: 1\r\nContent-Length: 2\r\n\r\nok"))
     resp = await Pool(2.0).request(origin_of(url), request_head("POST", url, (), 2), b"{}")
     assert (resp.status, resp.reason, dict(resp.headers)) == (201, "Made", {"X-A": "1", "Content-Length": "2"})
     assert (await _body(resp))[0] == b"ok"
 
 
 async def test_a_body_without_framing_ends_with_the_connection(raw_server: Any) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\ndata: a\n\n")
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        writer.write(b"data: [DONE]\n\n")
-        await writer.drain()
-        writer.close()
-
-    url = await raw_server(handler)
+    url = await raw_server(_answer(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\ndata: a\n\n",
+        b"data: [DONE]\n\n", close=True))
     pool = Pool(2.0)
     resp = await pool.request(origin_of(url), _get(url), b"")
     body, sink = await _body(resp)
@@ -171,13 +177,7 @@ async def test_a_body_without_framing_ends_with_the_connection(raw_server: Any) 
 
 
 async def test_garbage_from_the_engine_is_an_upstream_disconnect_not_a_crash(raw_server: Any) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nnot hex\r\n")
-        await writer.drain()
-        await asyncio.sleep(1)
-
-    url = await raw_server(handler)
+    url = await raw_server(_answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nnot hex\r\n"))
     resp = await Pool(2.0).request(origin_of(url), _get(url), b"")
     _, sink = await _body(resp)
     assert len(sink.ended) == 1 and isinstance(sink.ended[0], UpstreamClosed)
