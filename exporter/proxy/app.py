@@ -16,14 +16,15 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from yarl import URL
 
 from .config import Config, Engine
-from .exchange import Exchange, forward_headers, json_error
+from .exchange import Exchange, json_error
 from .exposition import metrics_response
 from .gpu import GpuCollector, make_source, poll_forever
 from .scenario_api import scenario_handler, scenarios_handler
 from .state import CONFIG, STATE, ProxyState, Worker
-from .upstream import Pool
+from .upstream import Pool, origin_of, request_head
 
 __all__ = ["create_app", "CONFIG", "STATE", "ProxyState", "Worker"]
 
@@ -65,16 +66,19 @@ async def _engine_handler(request: web.Request) -> web.StreamResponse:
 
 async def _passthrough(state: ProxyState, request: web.Request, engine: Engine, path: str) -> web.Response:
     """GET /v1/models and GET /health: forwarded, not measured."""
-    assert state.session is not None
-    url = f"{engine.base_url}/{path}"
+    assert state.pool is not None, "proxy used before start-up"
+    url = URL(f"{engine.base_url}/{path}")
     try:
         async with asyncio.timeout(state.config.timeouts.first_byte_s):
-            async with state.session.get(url, headers=forward_headers(request.headers)) as up:
+            up = await state.pool.request(origin_of(url), request_head("GET", url, request.raw_headers, 0), b"")
+            try:
                 data = await up.read()
-                ctype = up.headers.get("Content-Type", "application/json")
-                return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            finally:
+                up.release()
+    except (OSError, TimeoutError) as exc:  # UpstreamConnectError and UpstreamClosed are OSErrors
         return json_error(502, f"{type(exc).__name__}: {exc}", "bad_gateway")
+    ctype = up.headers.get("Content-Type", "application/json")
+    return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
 
 
 async def _metrics_handler(request: web.Request) -> web.Response:
@@ -102,18 +106,14 @@ async def _healthy(request: web.Request) -> web.Response:
 async def _ready(request: web.Request) -> web.Response:
     state = request.app[STATE]
     sock = state.worker.metrics_socket
-    if state.session is None or (sock is not None and not sock.exists()):  # serve: the renderer too
+    if state.pool is None or (sock is not None and not sock.exists()):  # serve: the renderer too
         return web.Response(status=503, text="starting\n")
     return web.Response(text="llm-bench-exporter is ready\n")
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    t = state.config.timeouts
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s)
-    state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
-    state.pool = Pool(t.connect_s)
+    state.pool = Pool(state.config.timeouts.connect_s)
     sock = state.worker.metrics_socket
     if sock is not None:
         app[METRICS_SESSION] = aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(sock)),
@@ -124,11 +124,9 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     finally:
         state.loop_lag.stop()
         await state.drain()
-        await state.session.close()
         state.pool.close()
         if sock is not None:
             await app[METRICS_SESSION].close()
-        state.session = None
         state.pool = None
         state.close()
 

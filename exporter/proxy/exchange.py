@@ -30,17 +30,12 @@ from .records import Capture
 from .scenarios import MAX_ROUND
 from .state import ProxyState
 from .transport import transport_reason
-from .upstream import origin_of, request_head
+from .upstream import HOP_BY_HOP, origin_of, request_head
 
-__all__ = ["Exchange", "json_error", "forward_headers"]
+__all__ = ["Exchange", "json_error"]
 
 log = logging.getLogger("llmbench.proxy")
 
-# Headers that belong to one hop (RFC 9110 7.6.1) or that aiohttp recomputes.
-_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length",
-})
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _ROUND = re.compile(r"[0-9]{1,7}")  # ASCII digits only: "²" passes str.isdigit() but not int()
 
@@ -48,12 +43,6 @@ _ROUND = re.compile(r"[0-9]{1,7}")  # ASCII digits only: "²" passes str.isdigit
 def json_error(status: int, message: str, kind: str) -> web.Response:
     body = {"error": {"message": message, "type": kind, "code": status}, "object": "error"}
     return web.json_response(body, status=status)
-
-
-def forward_headers(headers: Any) -> dict[str, str]:
-    out = {k: v for k, v in headers.items() if k.lower() not in _HOP}
-    out["Accept-Encoding"] = "identity"  # the core must read plain text
-    return out
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -276,7 +265,7 @@ class Exchange:
         """Send the client the upstream's status and headers; return the response's writer."""
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for k, v in upstream.headers.items():
-            if k.lower() not in _HOP:
+            if k.lower() not in HOP_BY_HOP:
                 resp.headers.add(k, v)
         # Always chunked (HTTP/1.1 clients): the client sees the end of the body only after
         # the request's record is written (a Content-Length body would end with its last byte).

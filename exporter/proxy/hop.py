@@ -211,10 +211,6 @@ class Splice:
         """Body bytes that came with the headers go out with them, in one write (the response's
         headers are still buffered in aiohttp's writer); without any, the headers go alone."""
         pending = upstream.take_pending() if upstream.exception() is None else b""
-        if writer is None:  # no aiohttp writer (tests): the headers were sent
-            if pending:
-                self.on_data(pending)
-            return
         if not pending:
             writer.send_headers()
             return

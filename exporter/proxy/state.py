@@ -1,4 +1,4 @@
-"""What the proxy's handlers share: config, metrics, record writers, scenarios, the client session."""
+"""What the proxy's handlers share: config, metrics, record writers, scenarios, the upstream pool."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from yarl import URL
@@ -70,8 +69,7 @@ class ProxyState:
         )
         if worker.shared_scenarios is not None:  # all workers see one scenario state
             self.scenarios = worker.shared_scenarios.wrap(self.scenarios)
-        self.session: aiohttp.ClientSession | None = None  # unmeasured pass-through (GET)
-        self.pool: Pool | None = None  # measured requests: the proxy's own upstream client
+        self.pool: Pool | None = None  # the proxy's own client to the engines (made at start-up)
         # upstream URLs parsed once, not per request
         self.urls = {(e.name, p): URL(f"{e.base_url}/{p}") for e in config.engines for p in MEASURED.values()}
         self.in_flight = 0  # all engines together; the simulated GPUs follow it

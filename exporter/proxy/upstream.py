@@ -35,16 +35,16 @@ from yarl import URL
 
 from .transport import UpstreamClosed, UpstreamConnectError
 
-__all__ = ["Pool", "Response", "Sink", "Origin", "origin_of", "request_head"]
+__all__ = ["Pool", "Response", "Sink", "Origin", "origin_of", "request_head", "HOP_BY_HOP"]
 
 Origin = tuple[str, int, bool]  # host, port, TLS
 
-#: request headers never forwarded as they came: one hop's own (RFC 9110 7.6.1), the framing
-#: this module sets itself, and ``Expect`` (the whole body is sent at once)
-_NOT_FORWARDED = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-    b"transfer-encoding", b"upgrade", b"host", b"content-length", b"accept-encoding", b"expect",
-})
+#: headers that belong to one hop (RFC 9110 7.6.1), or whose value each side sets itself
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                        "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+#: request headers never forwarded as they came: those, ``Accept-Encoding`` (the core reads plain
+#: text) and ``Expect`` (the whole body is sent at once)
+_NOT_FORWARDED = frozenset(h.encode("ascii") for h in HOP_BY_HOP | {"accept-encoding", "expect"})
 
 
 class Sink(Protocol):
@@ -120,6 +120,20 @@ class Response:
     def resume_reading(self) -> None:
         self._conn.resume()
 
+    async def read(self) -> bytes:
+        """The whole body (a short one: a health check, a model list); raises its error."""
+        parts = [self.take_pending()]
+        if not (self._eof or self._error is not None):
+            ended = asyncio.get_running_loop().create_future()
+            self.attach(_Collect(parts, ended))
+            try:
+                await ended
+            finally:
+                self.detach()
+        if self._error is not None:
+            raise self._error
+        return b"".join(parts)
+
     def release(self) -> None:
         """Done with the answer: a connection that ended it cleanly is pooled, else closed."""
         self._sink = None
@@ -144,6 +158,21 @@ class Response:
             sink.end(error)
 
 
+class _Collect:
+    """A sink that keeps a body's reads and says when it ended."""
+
+    def __init__(self, parts: list[bytes], ended: asyncio.Future[None]) -> None:
+        self.parts = parts
+        self.ended = ended
+
+    def on_data(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def end(self, error: BaseException | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; one answer at a time."""
 
@@ -156,7 +185,6 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         self.reusable = False  # the last answer ended cleanly with keep-alive
         self.answered = False  # the current answer's first byte came
-        self.used = 0
         self.idle_since = 0.0
         self._paused = False
         self._reason: list[bytes] = []
@@ -177,9 +205,6 @@ class _Connection(asyncio.Protocol):
             self._fail(UpstreamClosed("the engine switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(UpstreamClosed(f"unparseable HTTP from the engine: {exc}"))
-
-    def eof_received(self) -> bool:
-        return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -248,7 +273,6 @@ class _Connection(asyncio.Protocol):
         self.response = resp = Response(self, head)
         self.reusable = False
         self.answered = False
-        self.used += 1
         self.transport.writelines(data)
         return resp
 

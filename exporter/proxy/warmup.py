@@ -58,30 +58,12 @@ def warm_core() -> None:
     analyze_bytes([(0.001, _STREAM[:half]), (0.002, _STREAM[half:])], status=200, spec=spec, streaming=True)
 
 
-class _Discard:
-    """A sink that drops a body and says when it ended."""
-
-    def __init__(self, ended: asyncio.Future[None]) -> None:
-        self.ended = ended
-
-    def on_data(self, data: bytes) -> None:
-        pass
-
-    def end(self, error: BaseException | None) -> None:
-        if not self.ended.done():
-            self.ended.set_result(None)
-
-
 async def _connect(pool: Pool, url: URL) -> None:
     with contextlib.suppress(UpstreamConnectError, UpstreamClosed, TimeoutError):
         async with asyncio.timeout(WARM_TIMEOUT_S):
             resp = await pool.request(origin_of(url), request_head("GET", url, (), 0), b"")
-            try:  # read the body whole, so that the connection is pooled
-                resp.take_pending()
-                if not (resp.is_eof() or resp.exception() is not None):
-                    ended = asyncio.get_running_loop().create_future()
-                    resp.attach(_Discard(ended))
-                    await ended
+            try:
+                await resp.read()  # read whole: the connection goes back to the pool
             finally:
                 resp.release()
 

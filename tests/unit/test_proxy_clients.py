@@ -136,6 +136,25 @@ async def test_health_reaches_the_engine_unmeasured(upstream, proxy_factory, tmp
     assert (await client.get("/nope/health")).status == 404
 
 
+async def test_a_model_list_passes_through_and_a_dead_engine_is_a_502(upstream, proxy_factory) -> None:
+    up, server = upstream
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"object": "list", "data": [{"id": "m"}]})
+
+    up.handler = models
+    client = await proxy_factory(server.port)
+    resp = await client.get("/vllm/v1/models", headers={"Authorization": "Bearer t", "Accept-Encoding": "gzip"})
+    assert resp.status == 200 and resp.content_type == "application/json"
+    assert await resp.json() == {"object": "list", "data": [{"id": "m"}]}
+    seen = up.seen[-1]
+    assert seen["path"] == "/v1/models" and seen["headers"]["Authorization"] == "Bearer t"
+    assert seen["headers"]["Accept-Encoding"] == "identity"
+    await server.close()  # the engine is gone
+    resp = await client.get("/vllm/v1/models")
+    assert resp.status == 502 and (await resp.json())["error"]["type"] == "bad_gateway"
+
+
 def _events(body: bytes) -> list[dict[str, Any]]:
     return [json.loads(e[6:]) for e in body.split(b"\n\n")[:-1] if e != b"data: [DONE]"]
 
