@@ -1,10 +1,14 @@
-"""The client's socket: how many upstream bytes the kernel may hold unsent for it.
+"""The client's socket: how many bytes the kernel may hold for a streaming client.
 
-Linux grows a TCP socket's send buffer to megabytes on its own, so a client that reads slowly
-would leave its response in the kernel, out of the proxy's sight.  ``TCP_NOTSENT_LOWAT`` caps the
-bytes the kernel keeps unsent; the rest waits in the transport's write buffer, where the splice
-sees it as client back-pressure (and pauses the upstream past its high-water mark).  One
-``setsockopt`` per request, none per read.
+Linux grows a TCP socket's send buffer to megabytes on its own, and ``send()`` takes bytes as long
+as there is room (``TCP_NOTSENT_LOWAT`` only decides when the socket polls writable).  A client
+that reads slowly would then leave its whole stream in the kernel, out of the proxy's sight: the
+transport never fills, its protocol never hears ``pause_writing``.  So a streaming response's
+socket gets a small fixed send buffer (``SO_SNDBUF``; the kernel doubles it for its own
+bookkeeping) and its transport a small high-water mark: beyond some 40 KiB that the client has not
+taken, the relay sees back-pressure (:mod:`exporter.proxy.relay`).  An SSE stream's pace (tens of
+KB/s) leaves that room unused for any client that keeps up.  One ``setsockopt`` per request, none
+per read.
 """
 
 from __future__ import annotations
@@ -12,21 +16,28 @@ from __future__ import annotations
 import asyncio
 import socket
 
-__all__ = ["NOTSENT_LOWAT", "cap_unsent"]
+__all__ = ["SEND_BUFFER", "HIGH_WATER", "LOW_WATER", "limit_unsent"]
 
-#: unsent bytes the kernel may hold for one client: ample for any client that keeps up
-NOTSENT_LOWAT = 128 << 10
+#: the send buffer asked of the kernel for a streaming client's socket (it keeps twice this)
+SEND_BUFFER = 8 << 10
+#: the client transport's buffer above which it calls ``pause_writing`` (and below which, again,
+#: ``resume_writing``)
+HIGH_WATER = 16 << 10
+LOW_WATER = 4 << 10
 
-_OPT = getattr(socket, "TCP_NOTSENT_LOWAT", 25 if hasattr(socket, "TCP_CONGESTION") else None)
 
-
-def cap_unsent(transport: asyncio.BaseTransport, limit: int = NOTSENT_LOWAT) -> bool:
-    """Cap the unsent bytes of ``transport``'s TCP socket; False where that cannot be done."""
+def limit_unsent(transport: asyncio.BaseTransport) -> bool:
+    """Cap what the kernel and the transport hold for ``transport``'s client; False where the
+    kernel's part cannot be capped (not TCP), the transport's still is."""
+    try:
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)  # type: ignore[attr-defined]
+    except (AttributeError, NotImplementedError):  # pragma: no cover - a transport without limits
+        pass
     sock = transport.get_extra_info("socket")
-    if sock is None or _OPT is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return False
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, _OPT, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
     except OSError:
         return False
     return True

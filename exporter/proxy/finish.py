@@ -29,7 +29,7 @@ from .config import Config
 from .metrics import ProxyMetrics
 from .records import Capture, JsonlWriter, write_capture
 
-__all__ = ["Measurement", "Finisher", "Observer", "FailureLog", "CLIENT_BOUND_SHARE"]
+__all__ = ["Identity", "Measurement", "Finisher", "Observer", "FailureLog", "CLIENT_BOUND_SHARE"]
 
 log = logging.getLogger("llmbench.proxy")
 
@@ -48,27 +48,51 @@ class Observer(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a request is: the proxy's id, the client's, and the labels it is counted under."""
+
+    id: str
+    client_request_id: str | None
+    engine: str
+    scenario: str
+    round: int | None
+    route: str
+    stream: bool
+    model: str | None
+
+    def fields(self) -> dict[str, Any]:
+        """The record's identity fields, in the record's order (``id`` first)."""
+        return {"id": self.id, "client_request_id": self.client_request_id, "engine": self.engine,
+                "scenario": self.scenario, "round": self.round, "route": self.route, "stream": self.stream,
+                "model": self.model}
+
+
+@dataclass(frozen=True, slots=True)
 class Measurement:
     """One finished request as the proxy measured it."""
 
-    id: str
+    identity: Identity
     run_id: str
-    labels: Mapping[str, Any]  # engine, scenario, round, route, stream, model, client_request_id
     result: Result
-    start_unix: float  # wall clock at t0
+    start_unix: float  # unix seconds at t0, on the stamps' clock
     usage_injected: bool
-    timing_uncertainty_s: float  # the largest loop lag while it was in flight
+    timing_uncertainty_s: float  # how late any loop-taken stamp of it can be
+    kernel_stamps: bool  # every upstream read was stamped by the kernel
     client_backpressure_s: float  # time the client left upstream bytes untaken
     capture: Capture | None  # the upstream bytes, when kept
     capture_meta: Mapping[str, Any]  # what the capture's .json says beside the reads
 
     @property
+    def id(self) -> str:
+        return self.identity.id
+
+    @property
     def engine(self) -> str:
-        return str(self.labels["engine"])
+        return self.identity.engine
 
     @property
     def scenario(self) -> str:
-        return str(self.labels["scenario"])
+        return self.identity.scenario
 
     @property
     def client_bound(self) -> bool:
@@ -79,15 +103,17 @@ class Measurement:
         """The requests.jsonl line (capture fields still empty), judged against ``slo``."""
         result = self.result
         verdict = slo_result(result.ttft_s, result.tpot_s, slo.ttft_s, slo.tpot_s) if result.ok else None
+        fields = self.identity.fields()
         return {
-            "id": self.id,
+            "id": fields.pop("id"),
             "run_id": self.run_id,
-            **{k: v for k, v in self.labels.items() if k != "id"},
+            **fields,
             "start": iso(self.start_unix, ms=True),
             "start_unix": round(self.start_unix, 6),
             **result.as_dict(),
             "usage_injected": self.usage_injected,
             "timing_uncertainty_s": round(self.timing_uncertainty_s, 6),
+            "stamps": "kernel" if self.kernel_stamps else "loop",
             "client_backpressure_s": round(self.client_backpressure_s, 6),
             "client_bound": self.client_bound,
             "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},

@@ -1,41 +1,45 @@
-"""The upstream side of the hop: raw HTTP/1.1 over pooled keep-alive connections to the engines.
+"""The upstream side of a request: raw HTTP/1.1 over pooled keep-alive connections to the engines.
 
-aiohttp's client costs a request more than the engine's answer needs: a ``ClientRequest`` and
-``ClientResponse`` built per request, a connector, a stream reader fed per read, and a coroutine
-wake-up for each step of the way.  The proxy asks for one thing only: send these bytes, tell me
-the status and headers, then hand me each body read in the callback that received it.  So this
-module speaks HTTP/1.1 itself, with llhttp (``httptools``, the parser uvicorn uses) reading the
-answer's framing:
+The proxy asks one thing of its client to the engines: send these bytes once, tell me the status
+and headers, then hand me each body read, with the moment it arrived, in the callback that
+received it.  So this module speaks HTTP/1.1 itself, with llhttp (``httptools``, the parser
+uvicorn uses) reading the answer's framing:
 
-* one ``asyncio.Protocol`` per connection; the request (head and body) goes out in one write;
+* a plain connection is a :class:`exporter.proxy.stamped.StampedSocket`: each read carries the
+  kernel's receive stamp (``CLOCK_REALTIME``); a TLS one is an asyncio transport whose reads are
+  stamped with ``time.time()`` when the loop runs them (same clock, the loop's lateness included);
+* the request (head and body) goes out in one write, once: it is never sent again, whatever
+  happens to the connection (a measuring proxy must not re-run a non-idempotent request);
 * the status and headers wake the request's coroutine once; every body read after that goes
-  straight to its sink (:class:`exporter.proxy.hop.Splice`) from ``data_received``; body bytes
-  that came before the sink was attached wait in the response, in order;
+  straight to its sink (:class:`exporter.proxy.relay.Relay`); body bytes that came before the
+  sink was attached wait in the response, in order, with their stamps;
 * a connection whose answer ended cleanly with keep-alive goes back to its origin's idle list
-  (last in, first out); anything else is closed;
-* a request sent on a reused connection that the engine closed before answering anything (the
-  keep-alive race: uvicorn closes idle connections after 5 s) is sent once more on a fresh one.
+  (last in, first out) and is used again only within ``KEEPALIVE_S`` (4 s), before uvicorn, under
+  vLLM and SGLang, closes an idle one (5 s); anything else is closed.
 
 Errors are :mod:`exporter.proxy.transport`'s: a connection that could not be opened is
 ``UpstreamConnectError`` (``connect_error``); one that broke, or an answer llhttp refused, is
-``UpstreamClosed`` (``upstream_disconnect``).
+``UpstreamClosed`` (``upstream_disconnect``), also when it closed after the request was written
+and before any answer (its detail says so).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections.abc import Iterable
-from typing import Protocol, cast
 
 import httptools
 from multidict import CIMultiDict
 from yarl import URL
 
+from .answer import Response, Sink
+from .stamped import StampedSocket, TLSStream
 from .transport import UpstreamClosed, UpstreamConnectError
 
-__all__ = ["Pool", "Response", "Sink", "Origin", "origin_of", "request_head", "HOP_BY_HOP"]
+__all__ = ["Pool", "Response", "Sink", "Origin", "origin_of", "request_head", "HOP_BY_HOP", "KEEPALIVE_S"]
 
 Origin = tuple[str, int, bool]  # host, port, TLS
 
@@ -45,14 +49,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 #: request headers never forwarded as they came: those, ``Accept-Encoding`` (the core reads plain
 #: text) and ``Expect`` (the whole body is sent at once)
 _NOT_FORWARDED = frozenset(h.encode("ascii") for h in HOP_BY_HOP | {"accept-encoding", "expect"})
-
-
-class Sink(Protocol):
-    """Where a response's body goes once attached."""
-
-    def on_data(self, data: bytes) -> None: ...
-
-    def end(self, error: BaseException | None) -> None: ...
+#: an idle pooled connection is used again only this long (uvicorn closes one after 5 s)
+KEEPALIVE_S = 4.0
 
 
 def origin_of(url: URL) -> Origin:
@@ -76,129 +74,38 @@ def request_head(method: str, url: URL, raw_headers: Iterable[tuple[bytes, bytes
     return b"".join(lines)
 
 
-class Response:
-    """One answer: its status line and headers, then its body, read by read."""
-
-    __slots__ = ("status", "reason", "headers", "_conn", "_pending", "_sink", "_error", "_eof",
-                 "until_close", "head")
-
-    def __init__(self, conn: _Connection, head: asyncio.Future[None]) -> None:
-        self.status = 0
-        self.reason = ""
-        self.headers: CIMultiDict[str] = CIMultiDict()
-        self._conn = conn
-        self._pending: list[bytes] = []
-        self._sink: Sink | None = None
-        self._error: BaseException | None = None
-        self._eof = False
-        self.until_close = False  # neither Content-Length nor chunked: the body ends with the connection
-        self.head = head
-
-    # -- the request's side -----------------------------------------------------------------
-
-    def take_pending(self) -> bytes:
-        """Body bytes that arrived before a sink was attached (b"" if none)."""
-        pending, self._pending = self._pending, []
-        return pending[0] if len(pending) == 1 else b"".join(pending)
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def is_eof(self) -> bool:
-        return self._eof
-
-    def attach(self, sink: Sink) -> None:
-        """From now on each body read calls ``sink.on_data``; the end or a failure ``sink.end``."""
-        self._sink = sink
-
-    def detach(self) -> None:
-        self._sink = None
-
-    def pause_reading(self) -> None:
-        self._conn.pause()
-
-    def resume_reading(self) -> None:
-        self._conn.resume()
-
-    async def read(self) -> bytes:
-        """The whole body (a short one: a health check, a model list); raises its error."""
-        parts = [self.take_pending()]
-        if not (self._eof or self._error is not None):
-            ended = asyncio.get_running_loop().create_future()
-            self.attach(_Collect(parts, ended))
-            try:
-                await ended
-            finally:
-                self.detach()
-        if self._error is not None:
-            raise self._error
-        return b"".join(parts)
-
-    def release(self) -> None:
-        """Done with the answer: a connection that ended it cleanly is pooled, else closed."""
-        self._sink = None
-        self._conn.finished(self)
-
-    # -- the connection's side ----------------------------------------------------------------
-
-    def _end(self, error: BaseException | None) -> None:
-        if self._eof or self._error is not None:
-            return
-        if error is None:
-            self._eof = True
-        else:
-            self._error = error
-        if not self.head.done():
-            if error is None:
-                self.head.set_result(None)
-            else:
-                self.head.set_exception(error)
-        sink = self._sink
-        if sink is not None:
-            sink.end(error)
-
-
-class _Collect:
-    """A sink that keeps a body's reads and says when it ended."""
-
-    def __init__(self, parts: list[bytes], ended: asyncio.Future[None]) -> None:
-        self.parts = parts
-        self.ended = ended
-
-    def on_data(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def end(self, error: BaseException | None) -> None:
-        if not self.ended.done():
-            self.ended.set_result(None)
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection; one answer at a time."""
+class _Connection:
+    """One keep-alive connection; one answer at a time.  Its I/O is a StampedSocket (plain) or a
+    TLS transport; llhttp's callbacks fill the current :class:`Response`."""
 
     def __init__(self, pool: Pool, origin: Origin) -> None:
         self.pool = pool
         self.origin = origin
-        self.transport: asyncio.Transport | None = None
+        self.io: StampedSocket | TLSStream | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: Response | None = None
-        self.lost = False
+        self.lost_already = False
         self.reusable = False  # the last answer ended cleanly with keep-alive
         self.answered = False  # the current answer's first byte came
-        self.idle_since = 0.0
+        self.idle_since = 0.0  # monotonic: when it went back to the pool
+        self.sent_at = 0.0  # unix: when the current request was written
+        self.uses = 0  # requests written on it
+        self._stamp = 0.0  # the stamp of the read being parsed
         self._paused = False
         self._reason: list[bytes] = []
 
-    # -- asyncio.Protocol ---------------------------------------------------------------------
+    def kernel_stamps(self) -> bool:
+        io = self.io
+        return io is not None and io.kernel_stamps and io.unstamped == 0
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
+    # -- the I/O's callbacks ------------------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
+    def received(self, data: bytes, stamp: float) -> None:
         if self.response is None:  # bytes on an idle connection answer nothing we asked: drop it
             self.close()
             return
         self.answered = True
+        self._stamp = stamp
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -206,18 +113,27 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamClosed(f"unparseable HTTP from the engine: {exc}"))
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
+    def lost(self, exc: BaseException | None) -> None:
+        self.lost_already = True
         self.reusable = False
         self.pool.forget(self)
         resp = self.response
         if resp is None:
             return
+        now = time.time()
         if resp.until_close and resp.head.done() and exc is None:
-            resp._end(None)  # read-until-close body: the close is its end
+            resp._end(None, now)  # read-until-close body: the close is its end
         else:
-            detail = f": {exc}" if exc is not None else ""
-            resp._end(UpstreamClosed(f"the engine closed the connection{detail}"))
+            resp._end(UpstreamClosed(self._closed_detail(exc, now)), now)
+
+    def _closed_detail(self, exc: BaseException | None, now: float) -> str:
+        detail = f": {exc}" if exc is not None else ""
+        if self.answered:
+            return f"the engine closed the connection{detail}"
+        held = f"{now - self.sent_at:.3f} s after the request was written"
+        where = "a pooled connection" if self.uses > 1 else "a new connection"
+        return (f"the engine closed the connection before answering anything ({held}, on {where}); "
+                f"not sent again{detail}")
 
     # -- llhttp's callbacks -------------------------------------------------------------------
 
@@ -255,43 +171,48 @@ class _Connection(asyncio.Protocol):
         if resp is not None and resp.status:
             sink = resp._sink
             if sink is not None:
-                sink.on_data(body)
+                sink.on_data(body, self._stamp)
             else:
-                resp._pending.append(body)
+                resp._pending.append((body, self._stamp))
 
     def on_message_complete(self) -> None:
         resp = self.response
         if resp is None or not resp.status:  # the end of an interim answer
             return
         self.reusable = self.parser.should_keep_alive()
-        resp._end(None)
+        resp._end(None, self._stamp)  # E2E ends at the read that completed the answer
 
     # -- the pool's side ----------------------------------------------------------------------
 
-    def send(self, data: Iterable[bytes], head: asyncio.Future[None]) -> Response:
-        assert self.transport is not None
+    def send(self, data: bytes, head: asyncio.Future[None]) -> Response:
+        assert self.io is not None
         self.response = resp = Response(self, head)
         self.reusable = False
         self.answered = False
-        self.transport.writelines(data)
+        self.uses += 1
+        self.sent_at = time.time()
+        self.io.write(data)
         return resp
 
-    def pause(self) -> None:
-        if not self._paused and self.transport is not None and not self.lost:
+    def io_pause(self) -> None:
+        if not self._paused and self.io is not None and not self.lost_already:
             self._paused = True
-            self.transport.pause_reading()
+            self.io.pause()
 
-    def resume(self) -> None:
-        if self._paused and self.transport is not None and not self.lost:
+    def io_resume(self) -> None:
+        if self._paused and self.io is not None and not self.lost_already:
             self._paused = False
-            self.transport.resume_reading()
+            self.io.resume()
+
+    def usable(self) -> bool:
+        return not self.lost_already and self.io is not None and not self.io.is_closing()
 
     def finished(self, resp: Response) -> None:
         if self.response is not resp:
             return
         self.response = None
-        if self.reusable and resp.is_eof() and not self.lost:
-            self.resume()
+        if self.reusable and resp.is_eof() and not self.lost_already:
+            self.io_resume()
             self.pool.put(self)
         else:
             self.close()
@@ -299,23 +220,19 @@ class _Connection(asyncio.Protocol):
     def _fail(self, error: BaseException) -> None:
         resp = self.response
         if resp is not None:
-            resp._end(error)
+            resp._end(error, self._stamp or time.time())
         self.close()
 
     def close(self) -> None:
         self.reusable = False
         self.pool.forget(self)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.abort()
-
-
-#: an idle pooled connection older than this is closed (aiohttp's client keeps them 15 s too)
-KEEPALIVE_S = 15.0
+        if self.io is not None:
+            self.io.close()
 
 
 class Pool:
     """Keep-alive connections per origin, opened on demand, with no limit on their number; an
-    idle one is used again (the newest first) or closed after ``KEEPALIVE_S``."""
+    idle one is used again (the newest first) within ``KEEPALIVE_S``, else closed."""
 
     def __init__(self, connect_s: float) -> None:
         self.connect_s = connect_s
@@ -324,49 +241,36 @@ class Pool:
         self.opened = 0  # connections opened so far (tests and benchmarks read it)
 
     async def request(self, origin: Origin, head: bytes, body: bytes) -> Response:
-        """Send one request; return once its status and headers have come (raises
-        ``UpstreamConnectError`` or ``UpstreamClosed``)."""
-        loop = asyncio.get_running_loop()
-        for attempt in (0, 1):
-            conn = self._idle_connection(origin)
-            reused = conn is not None
-            if conn is None:
-                conn = await self._connect(origin)
-            fut: asyncio.Future[None] = loop.create_future()
-            resp = conn.send((head, body) if body else (head,), fut)
-            try:
-                await fut
-            except UpstreamClosed:
-                if reused and attempt == 0 and not conn.answered:
-                    continue  # closed by the engine while idle, before it read this request
-                raise
-            except BaseException:
-                conn.close()  # cancelled (the client left) or timed out: the answer is abandoned
-                raise
-            return resp
-        raise AssertionError("unreachable")  # pragma: no cover
+        """Send one request, once; return when its status and headers have come (raises
+        ``UpstreamConnectError`` or ``UpstreamClosed``; never sends it a second time)."""
+        conn = self._idle_connection(origin)
+        if conn is None:
+            conn = await self._connect(origin)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        resp = conn.send(head + body if body else head, fut)
+        try:
+            await fut
+        except BaseException:
+            conn.close()  # failed, cancelled (the client left) or timed out: the answer is abandoned
+            raise
+        return resp
 
     def _idle_connection(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
-            if time.monotonic() - conn.idle_since > KEEPALIVE_S:
+            if time.monotonic() - conn.idle_since >= KEEPALIVE_S:
                 conn.close()
-            elif not conn.lost and conn.transport is not None and not conn.transport.is_closing():
+            elif conn.usable():
                 return conn
         return None
 
     async def _connect(self, origin: Origin) -> _Connection:
         host, port, tls = origin
-        loop = asyncio.get_running_loop()
-        ctx: ssl.SSLContext | None = None
-        if tls:
-            if self._tls is None:
-                self._tls = ssl.create_default_context()
-            ctx = self._tls
+        conn = _Connection(self, origin)
         try:
             async with asyncio.timeout(self.connect_s):
-                _, conn = await loop.create_connection(lambda: _Connection(self, origin), host, port, ssl=ctx)
+                conn.io = await (self._open_tls(conn) if tls else self._open_plain(conn))
         except TimeoutError as exc:
             raise UpstreamConnectError(f"cannot connect to {host}:{port}: no answer within "
                                        f"connect_s={self.connect_s}") from exc
@@ -375,11 +279,39 @@ class Pool:
         self.opened += 1
         return conn
 
+    async def _open_plain(self, conn: _Connection) -> StampedSocket:
+        host, port, _ = conn.origin
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        error: OSError | None = None
+        for family, kind, proto, _, address in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, address)
+            except BaseException as exc:
+                sock.close()
+                if not isinstance(exc, OSError):
+                    raise
+                error = exc
+                continue
+            return StampedSocket(sock, loop, conn.received, conn.lost)
+        raise error or OSError(f"no address for {host}")
+
+    async def _open_tls(self, conn: _Connection) -> TLSStream:
+        host, port, _ = conn.origin
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        loop = asyncio.get_running_loop()
+        _, proto = await loop.create_connection(lambda: TLSStream(conn.received, conn.lost), host, port, ssl=self._tls)
+        return proto
+
     def put(self, conn: _Connection) -> None:
         now = time.monotonic()
         conn.idle_since = now
         idle = self._idle.setdefault(conn.origin, [])
-        while idle and now - idle[0].idle_since > KEEPALIVE_S:  # the oldest first
+        while idle and now - idle[0].idle_since >= KEEPALIVE_S:  # the oldest first
             idle.pop(0).close()
         idle.append(conn)
 

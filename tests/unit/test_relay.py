@@ -1,0 +1,177 @@
+"""The relay (exporter/proxy/relay.py) and its upstream sockets (exporter/proxy/stamped.py),
+through the proxy's public path: stamps taken by the kernel, E2E at the socket, a request sent
+once, and a request path that never polls."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.proxy.stamped import SO_TIMESTAMPNS
+from tests.helpers import wait_for_records
+
+ROOT = Path(__file__).resolve().parents[2]
+STREAM = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+          b'data: {"choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n',
+          b'data: {"choices":[{"index":0,"text":"!","finish_reason":"length"}]}\n\n'
+          b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}\n\n'
+          b'data: [DONE]\n\n')
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = conn.recv(65536)
+        if not part:
+            return b""
+        data += part
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head
+
+
+class ThreadEngine:
+    """A raw HTTP/1.1 engine on its own thread (so it runs while the proxy's loop is blocked):
+    ``serve(conn, n)`` answers the connection's ``n``-th POST (a GET gets ``{}``)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.requests = 0
+        self.threads: list[threading.Thread] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.accept = threading.Thread(target=self._accept, daemon=True)
+        self.accept.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._conn, args=(conn,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _conn(self, conn: socket.socket) -> None:
+        with conn:
+            n = 0
+            while head := _read_request(conn):
+                if not head.startswith(b"POST"):  # the proxy's warm-up and engine probes
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                    continue
+                n += 1
+                self.requests += 1
+                if not self.serve(conn, n):
+                    return
+
+    def serve(self, conn: socket.socket, n: int) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _block_loop(loop: asyncio.AbstractEventLoop, blocked: threading.Event, seconds: float) -> None:
+    """Make the proxy's loop busy for ``seconds`` (as a burst of other streams' reads would)."""
+    def busy() -> None:
+        blocked.set()
+        time.sleep(seconds)
+    loop.call_soon_threadsafe(busy)
+    blocked.wait(10)
+
+
+class BlockedWhileAnswering(ThreadEngine):
+    """Answers the whole stream while the proxy's loop is blocked for 0.5 s."""
+
+    def serve(self, conn: socket.socket, n: int) -> bool:
+        assert self.loop is not None
+        _block_loop(self.loop, threading.Event(), 0.5)
+        conn.sendall(STREAM[0])
+        for part in STREAM[1:]:
+            conn.sendall(_chunk(part))
+        conn.sendall(b"0\r\n\r\n")
+        return True
+
+
+@pytest.fixture
+def engine_factory() -> Iterator[Any]:
+    made: list[ThreadEngine] = []
+
+    def make(cls: type[ThreadEngine]) -> ThreadEngine:
+        engine = cls()
+        engine.loop = asyncio.get_running_loop()
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+@pytest.mark.skipif(SO_TIMESTAMPNS is None, reason="the kernel's receive stamps are Linux's")
+async def test_reads_are_stamped_by_the_kernel_not_when_a_busy_loop_gets_to_them(
+        engine_factory: Any, proxy_factory: Any, tmp_path: Path) -> None:
+    """The engine answers in full while the proxy's loop is stuck for 0.5 s: stamped when the
+    loop ran the reads, TTFT and E2E would be 0.5 s or more; the kernel stamped them on arrival."""
+    engine = engine_factory(BlockedWhileAnswering)
+    client = await proxy_factory(engine.port)
+    resp = await client.post("/vllm/v1/completions", json={"prompt": "p", "stream": True, "max_tokens": 2})
+    assert resp.status == 200
+    assert await resp.read() == b"".join(STREAM[1:])
+    (record,) = await wait_for_records(tmp_path, 1)
+    assert record["outcome"] == "success" and record["stamps"] == "kernel"
+    assert record["ttft_s"] < 0.25 and record["e2e_s"] < 0.25, record
+    assert record["timing_uncertainty_s"] >= 0.25  # the loop's lag is still told, as a bound
+
+
+class AnswersOnceThenHoldsAndCloses(ThreadEngine):
+    """Answers the first request of a connection; reads the second, holds it 0.3 s (a prefill)
+    and closes without a byte (the engine died)."""
+
+    def serve(self, conn: socket.socket, n: int) -> bool:
+        if n == 1:
+            conn.sendall(STREAM[0] + b"".join(_chunk(p) for p in STREAM[1:]) + b"0\r\n\r\n")
+            return True
+        time.sleep(0.3)
+        return False
+
+
+async def test_a_close_before_any_answer_is_upstream_disconnect_sent_once_with_the_time_held(
+        engine_factory: Any, proxy_factory: Any, tmp_path: Path) -> None:
+    engine = engine_factory(AnswersOnceThenHoldsAndCloses)
+    client = await proxy_factory(engine.port)
+    body = {"prompt": "p", "stream": True, "max_tokens": 2}
+    assert (await client.post("/vllm/v1/completions", json=body)).status == 200
+    resp = await client.post("/vllm/v1/completions", json=body)
+    assert resp.status == 502
+    first, second = await wait_for_records(tmp_path, 2)
+    assert first["outcome"] == "success"
+    assert second["reason"] == "upstream_disconnect", second
+    assert "before answering anything" in second["detail"] and "not sent again" in second["detail"]
+    assert second["e2e_s"] >= 0.3  # the time the engine held the request
+    await asyncio.sleep(0.1)
+    assert engine.requests == 2  # never a second attempt
+
+
+def test_the_request_path_never_polls() -> None:
+    """No sleep and no timer of fixed period on one request's path: flow control and deadlines
+    are events (the relay's one deadline timer is armed for the deadline itself)."""
+    for name in ("relay", "upstream", "stamped", "answer", "exchange", "clientsock"):
+        source = (ROOT / "exporter" / "proxy" / f"{name}.py").read_text()
+        assert "asyncio.sleep(" not in source and "time.sleep(" not in source, name
+        assert "call_later(" not in source, name
