@@ -1,4 +1,4 @@
-"""The hop (exporter/proxy/hop.py), through its public path: a real aiohttp upstream, the real
+"""The relay (exporter/proxy/relay.py), through its public path: a real aiohttp upstream, the real
 proxy app and real client sockets.  The client gets the upstream's bytes however the reads
 are split, and the verdict does not depend on the split; a client that stops reading pauses
 the upstream until it drains; a client that leaves ends the splice.
