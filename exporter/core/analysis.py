@@ -13,6 +13,7 @@ from typing import Any
 from exporter.core.jsondepth import loads, loads_exact
 from exporter.core.request import RequestSpec
 from exporter.core.sse import SSEParser
+from exporter.core.enginetime import EngineTiming, from_vllm_metrics, outside_engine
 from exporter.core.visible import error_message, has_float_tokens, usage_tokens, visible_chars
 
 __all__ = [
@@ -77,6 +78,11 @@ class Result:
     events: int
     bytes: int
     response_id: str | None
+    engine_queue_s: float | None = None  # the engine's own clock, where it tells it (core.enginetime)
+    engine_prefill_s: float | None = None
+    engine_decode_s: float | None = None
+    ttft_outside_engine_s: float | None = None  # TTFT − queue − prefill
+    engine_timing: str | None = None  # "stream", "engine-log" or None
 
     @property
     def ok(self) -> bool:
@@ -125,7 +131,7 @@ class StreamAnalyzer:
     __slots__ = (
         "t0", "status", "spec", "streaming", "_parser", "_body", "_max_event",
         "first_t", "last_t", "first_byte_t", "first_event_t", "visible", "done", "usage",
-        "error", "malformed", "events", "nbytes", "response_id",
+        "error", "malformed", "events", "nbytes", "response_id", "engine_time",
     )
 
     def __init__(
@@ -157,6 +163,7 @@ class StreamAnalyzer:
         self.events = 0
         self.nbytes = 0
         self.response_id: str | None = None
+        self.engine_time: EngineTiming | None = None  # the engine's own clock (vLLM's metrics object)
 
     def feed(self, chunk: bytes, now: float) -> None:
         """One read from the upstream, arrived at monotonic time ``now``."""
@@ -204,12 +211,14 @@ class StreamAnalyzer:
         if self.first_t is not None and completion is not None and completion > 1 and self.last_t is not None:
             tpot = (self.last_t - self.first_t) / (completion - 1)
         t0 = self.t0
+        ttft = _since(self.first_t, t0)
+        timing = self.engine_time
         return Result(
             outcome=outcome,
             reason=reason,
             detail=detail if transport_error else why,
             status=self.status,
-            ttft_s=_since(self.first_t, t0),
+            ttft_s=ttft,
             ttfb_s=_since(self.first_byte_t, t0),
             ttfe_s=_since(self.first_event_t, t0),
             tpot_s=tpot,
@@ -223,6 +232,11 @@ class StreamAnalyzer:
             events=self.events,
             bytes=self.nbytes,
             response_id=self.response_id,
+            engine_queue_s=timing.queue_s if timing else None,
+            engine_prefill_s=timing.prefill_s if timing else None,
+            engine_decode_s=timing.decode_s if timing else None,
+            ttft_outside_engine_s=outside_engine(ttft, timing),
+            engine_timing=timing.source if timing else None,
         )
 
     # -- internals -------------------------------------------------------------------------
@@ -284,6 +298,8 @@ class StreamAnalyzer:
             usage = _exact_usage(data)
         if usage is not None:
             self.usage = usage
+            if "metrics" in obj:  # vLLM --enable-per-request-metrics: on the usage chunk
+                self.engine_time = from_vllm_metrics(obj["metrics"]) or self.engine_time
         choices = obj.get("choices")
         if self.first_event_t is None and isinstance(choices, list) and choices:
             self.first_event_t = now

@@ -22,9 +22,12 @@ shared scenario state (the workers' copy stays local, see :class:`LocalGauge`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from exporter.core.analysis import REASONS, Result
 from exporter.core.slo import SLO_RESULTS
@@ -32,7 +35,8 @@ from exporter.core.slo import SLO_RESULTS
 from .config import Config
 from .looplag import LAG_BUCKETS
 
-__all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "BACKPRESSURE_BUCKETS", "ProxyMetrics", "LocalGauge"]
+__all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "BACKPRESSURE_BUCKETS", "ProxyMetrics", "LocalGauge",
+           "EngineCollector"]
 
 TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075,
@@ -92,6 +96,34 @@ class LocalGauge:
 
     def clear(self) -> None:
         self.children.clear()
+
+
+class EngineCollector(Collector):
+    """``llmbench_engine_up`` (1 while the engine answers the proxy's health probe, else 0) and
+    ``llmbench_engine_info`` (1; labels engine, kind, version, model: what it said it is), read
+    from the engine watch (:mod:`exporter.proxy.engines`) at each scrape.  The watch runs once per
+    proxy (in ``serve``'s supervisor, whatever ``--workers``), so these two live in the registry
+    that process renders, never in the workers' multiprocess files: a worker's copy would be
+    merged per process, and a label set that changed (a new version) would linger."""
+
+    def __init__(self, views: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+        self.views = views
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("llmbench_engine_up", "1 while the engine answers the proxy's health probe, else 0.",
+                               labels=["engine"])
+        info = GaugeMetricFamily("llmbench_engine_info", "The engine's identity as it reports it (always 1).",
+                                 labels=["engine", "kind", "version", "model"])
+        for v in self.views():
+            up.add_metric([str(v["name"])], 1.0 if v["up"] else 0.0)
+            if v.get("identified_at") is not None:
+                info.add_metric([str(v["name"]), str(v["kind"]), str(v.get("version") or ""),
+                                 str(v.get("model") or "")], 1.0)
+        yield up
+        yield info
 
 
 class ProxyMetrics:
@@ -171,6 +203,20 @@ class ProxyMetrics:
         )
         self.arrivals = Counter("llmbench_arrivals", "Requests as they arrive at a measured route.", _LABELS,
                                 registry=registry)
+        self._engine_clock(registry)
+
+    def _engine_clock(self, registry: CollectorRegistry) -> None:
+        """Where a successful request's TTFT went, by the engine's own clock (where it tells it)."""
+        def histogram(name: str, what: str) -> Histogram:
+            return Histogram(name, what, _LABELS, buckets=TTFT_BUCKETS, registry=registry)
+        self.engine_queue = histogram("llmbench_engine_queue_seconds",
+                                      "Time the engine kept each successful request queued, by its own clock.")
+        self.engine_prefill = histogram("llmbench_engine_prefill_seconds",
+                                        "Time from the engine scheduling each successful request to its first "
+                                        "output token, by its own clock.")
+        self.ttft_outside = histogram("llmbench_ttft_outside_engine_seconds",
+                                      "The proxy's TTFT minus the engine's queue and prefill: HTTP, tokenizing, "
+                                      "hand-offs, detokenizing, the network.")
 
     def initialise(self, engine: str, scenarios: list[str], timed: frozenset[str] = frozenset()) -> None:
         """Create every counter and histogram series an engine can have at zero, so that
@@ -217,7 +263,16 @@ class ProxyMetrics:
             self.tpot.labels(engine, scenario).observe(result.tpot_s)
         if result.e2e_s is not None:
             self.e2e.labels(engine, scenario).observe(result.e2e_s)
+        if result.engine_timing is not None:
+            self._observe_engine_clock(engine, scenario, result)
         if slo_verdict is not None:
             self.slo.labels(engine, scenario, slo_verdict).inc()
             if slo_verdict == "met" and result.completion_tokens:
                 self.goodput_tokens.labels(engine, scenario).inc(result.completion_tokens)
+
+    def _observe_engine_clock(self, engine: str, scenario: str, result: Result) -> None:
+        for histogram, value in ((self.engine_queue, result.engine_queue_s),
+                                 (self.engine_prefill, result.engine_prefill_s),
+                                 (self.ttft_outside, result.ttft_outside_engine_s)):
+            if value is not None:
+                histogram.labels(engine, scenario).observe(max(0.0, value))

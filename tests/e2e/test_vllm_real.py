@@ -70,7 +70,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
     out = tmp_path_factory.mktemp("vllm-real")
     with contextlib.ExitStack() as stack:
         t0 = time.monotonic()
-        server = VllmServer(build_model(out / "model"), out / "logs")
+        server = VllmServer(build_model(out / "model"), out / "logs", extra=["--enable-per-request-metrics"])
         stack.callback(server.stop)
         server.start()
         print(f"\nvLLM: model built and server ready in {time.monotonic() - t0:.0f} s")
@@ -122,6 +122,11 @@ def test_real_streams_are_judged_success(real: RealStack, route: str, engine: st
     assert rec["usage_injected"] is (ENGINES[engine] == "inject")
     assert rec["done"] is True and rec["route"] == f"/v1/{route}" and rec["engine"] == engine
     assert 0 < rec["ttfe_s"] <= rec["ttft_s"] <= rec["e2e_s"]
+    # the engine's own clock, from vLLM's metrics object on the usage chunk (also the injected one)
+    assert rec["engine_timing"] == "stream", rec
+    assert rec["engine_queue_s"] >= 0 and rec["engine_prefill_s"] > 0 and rec["engine_decode_s"] > 0
+    assert rec["engine_queue_s"] + rec["engine_prefill_s"] <= rec["ttft_s"]
+    assert rec["ttft_outside_engine_s"] == pytest.approx(rec["ttft_s"] - rec["engine_queue_s"] - rec["engine_prefill_s"])
 
 
 @pytest.fixture(scope="module")

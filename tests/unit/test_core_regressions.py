@@ -77,9 +77,9 @@ def test_f6_content_type_is_one_case_insensitive_decision() -> None:
 
 def test_f6_proxy_and_load_driver_use_the_same_decision() -> None:
     import exporter.harness.load as load
-    import exporter.proxy.exchange as exchange
+    import exporter.proxy.relay as relay
 
-    assert load.is_event_stream is is_event_stream and exchange.is_event_stream is is_event_stream
+    assert load.is_event_stream is is_event_stream and relay.is_event_stream is is_event_stream
 
 
 def _nest(depth: int, wrap) -> object:
