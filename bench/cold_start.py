@@ -25,8 +25,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.proxy_overhead import batch, one  # noqa: E402
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
+
+from bench.proxy_overhead import batch, one  # noqa: E402
 
 
 def _config(tmp: Path, name: str, port: int, up_port: int) -> Path:

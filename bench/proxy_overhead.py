@@ -30,9 +30,10 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.core.analysis import RequestSpec, StreamAnalyzer  # noqa: E402
-from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
-from bench.timing_procs import cpu_of_tree  # noqa: E402
 from exporter.core.stats import percentile  # noqa: E402
+from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
+
+from bench.timing_procs import cpu_of_tree  # noqa: E402
 
 
 def _event(i: int) -> bytes:

@@ -4,7 +4,7 @@ interleaved direct / nginx / proxy, a real Prometheus scraping vLLM and the prox
     bash .ci/install-vllm.sh            # once: the vLLM venv
     python bench/real_engine.py [--rounds 5] [--prompts 64] [--concurrency 8] [--scrape-interval 5]
 
-Builds the tests' tiny random-weight llama (tests/vllm_engine.py), starts `vllm serve`, the proxy
+Builds a tiny random-weight llama (bench/vllm_engine.py), starts `vllm serve`, the proxy
 (defaults, one engine), nginx (`nginx-light`, `proxy_buffering off`; left out with a note when
 not installed) and Prometheus, then runs one unmeasured warm-up straight to vLLM and, each round,
 one `vllm bench serve` (random 256 in / 64 out, ``--ignore-eos``) per path in the order direct,
@@ -30,8 +30,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.proxy_overhead import NGINX_CONF  # noqa: E402
-from bench.timing_procs import cpu_of_tree  # noqa: E402
 from exporter.harness.stack import (  # noqa: E402
     Child,
     free_port,
@@ -40,7 +38,10 @@ from exporter.harness.stack import (  # noqa: E402
     wait_for_scrapes,
     wait_http,
 )
-from tests.vllm_engine import VllmServer, bench_serve, build_model, start_proxy, vllm_missing  # noqa: E402
+
+from bench.proxy_overhead import NGINX_CONF  # noqa: E402
+from bench.timing_procs import cpu_of_tree  # noqa: E402
+from bench.vllm_engine import VllmServer, bench_serve, build_model, start_proxy, vllm_missing  # noqa: E402
 
 PATHS = ("direct", "nginx", "proxy", "before")
 

@@ -38,9 +38,10 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.timing_procs import cpu_of_tree, lag_quantile, pin  # noqa: E402
 from exporter.core.stats import percentile  # noqa: E402
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
+
+from bench.timing_procs import cpu_of_tree, lag_quantile, pin  # noqa: E402
 
 
 def upstream_app(events: int) -> web.Application:
@@ -144,14 +145,18 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _row(name: str, events: int, elapsed: float, cpu: float | None, errors: list[float],
-         lag99: float | None, covered: float | None, miss: float | None = None) -> str:
+         lag99: float | None, covered: float | None, miss: float | None = None,
+         kernel: float | None = None) -> str:
     def ms(v: float | None) -> str:
         return "      -" if v is None else f"{v * 1e3:7.3f}"
 
     p50, p99 = percentile(errors, 50), percentile(errors, 99)
+    abs99 = percentile([abs(e) for e in errors], 99)
     return (f"{name:<26} {events / elapsed:>9,.0f} {'    -' if cpu is None else f'{cpu * 100:4.0f}%'} "
-            f"{ms(p50)} {ms(p99)} {ms(max(errors) if errors else None)} {ms(lag99)} "
-            f"{'     -' if covered is None else f'{covered * 100:5.1f}%'} {ms(miss)} {len(errors):>6}")
+            f"{ms(p50)} {ms(p99)} {ms(max(errors) if errors else None)} {ms(min(errors) if errors else None)} "
+            f"{ms(abs99)} {ms(lag99)} "
+            f"{'     -' if covered is None else f'{covered * 100:5.1f}%'} {ms(miss)} "
+            f"{'     -' if kernel is None else f'{kernel * 100:5.1f}%'} {len(errors):>6}")
 
 
 async def _one_row(args: argparse.Namespace, up: str, proxy: str | None, pid: int | None,
@@ -172,6 +177,7 @@ async def _get(url: str) -> str:
 
 async def measure(args: argparse.Namespace, up_url: str, proxy_url: str, pid: int, records: Path,
                   label: str) -> None:
+    dump: list[dict[str, Any]] = []
     for conc, gap_ms in args.levels:
         gap = gap_ms / 1000
         for scrape in (False, True):
@@ -179,23 +185,32 @@ async def measure(args: argparse.Namespace, up_url: str, proxy_url: str, pid: in
             await asyncio.sleep(0.5)  # the last records
             stamps = json.loads(await _get(f"{up_url}/stamps"))
             recs = _records(records)
-            errors, covered, miss = [], 0, 0.0
+            errors, covered, miss, kernel = [], 0, 0.0, 0
             for rid, stamp in stamps.items():
                 rec = recs.get(rid)
                 if rec is None or rec.get("ttft_s") is None:
                     continue
                 err = rec["start_unix"] + rec["ttft_s"] - stamp
                 errors.append(err)
+                kernel += rec.get("stamps") == "kernel"
                 covered += rec["timing_uncertainty_s"] >= err
                 miss = max(miss, err - rec["timing_uncertainty_s"])
             name = f"{label} C{conc}/{gap_ms:g}ms{' scrape' if scrape else ''}"
             print(_row(name, events, elapsed, cpu, errors, lag99, covered / len(errors) if errors else None,
-                       miss if errors else None), flush=True)
+                       miss if errors else None, kernel / len(errors) if errors else None), flush=True)
+            if args.json:
+                dump.append({"row": name, "errors": errors, "uncertainty": [
+                    recs[r]["timing_uncertainty_s"] for r in stamps if r in recs and recs[r].get("ttft_s") is not None]})
         if args.direct and label == "proxy w1":
             events, elapsed, _, firsts, _ = await _one_row(args, up_url, None, None, conc, gap, False)
             stamps = json.loads(await _get(f"{up_url}/stamps"))
             errors = [firsts[r] - s for r, s in stamps.items() if r in firsts]
             print(_row(f"direct C{conc}/{gap_ms:g}ms", events, elapsed, None, errors, None, None), flush=True)
+            if args.json:
+                dump.append({"row": f"direct C{conc}/{gap_ms:g}ms", "errors": errors})
+    if args.json:
+        old = json.loads(args.json.read_text()) if args.json.exists() else []
+        args.json.write_text(json.dumps(old + dump))
 
 
 def _serve_argv(tree: Path | None, argv: list[str]) -> list[str]:
@@ -217,6 +232,7 @@ def main() -> int:
     ap.add_argument("--before", type=Path, metavar="DIR",
                     help="also run the proxy of another source tree (e.g. `git archive HEAD | tar -x -C DIR`) "
                          "as rows 'before', after each worker count's own rows")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="also write each row's errors (s) to FILE")
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_upstream:
@@ -240,7 +256,7 @@ def main() -> int:
         print(f"{args.events} events a stream, {args.seconds:g} s a row, 2 engines x 10 scenarios configured, "
               f"pinned: {args.pin and cpus >= 2}, CPUs: {cpus}\n")
         print(f"{'row':<26} {'events/s':>9} {'CPU':>5} {'err p50':>7} {'err p99':>7} {'err max':>7} "
-              f"{'lag p99':>7} {'covered':>6} {'miss max':>8} {'reqs':>6}")
+              f"{'err min':>7} {'|e| p99':>7} {'lag p99':>7} {'covered':>6} {'miss max':>8} {'kernel':>6} {'reqs':>6}")
         trees: dict[str, Path | None] = {"proxy": None, **({"before": args.before} if args.before else {})}
         for workers in (int(w) for w in args.workers.split(",")):
             for name, tree in trees.items():

@@ -20,7 +20,7 @@ from .catalogue import BOARDS, DATASOURCE_UID, ENGINE_COLORS, LINE_STYLES, MIXIN
 from .promql import retarget
 
 __all__ = ["SCHEMA_VERSION", "MAX_DATA_POINTS", "build", "build_all", "write_all", "layout", "row_positions",
-           "GENERATED", "ROW_HEIGHT"]
+           "GENERATED", "ROW_HEIGHT", "drop_nulls"]
 
 SCHEMA_VERSION = 39
 MAX_DATA_POINTS = 1500
@@ -53,9 +53,13 @@ def _variable(name: str) -> g.Template:
 
 
 def _color_overrides(panel: Panel) -> list[dict[str, Any]]:
-    out = [] if not panel.per_engine_colors else [
+    """Each engine's series in its colour; on a panel of several series per engine (its failure
+    reasons) in shades of it, as the PNG boards draw them."""
+    mode = "fixed" if panel.per_engine_colors else \
+        "shades" if all(q.legend.startswith(MIXIN.engine_legend) for q in panel.queries) else None
+    out = [] if mode is None else [
         {"matcher": {"id": "byRegexp", "options": f"^{engine}.*"},
-         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+         "properties": [{"id": "color", "value": {"mode": mode, "fixedColor": color}}]}
         for engine, color in ENGINE_COLORS.items()
     ]
     legends = " ".join(q.legend for q in panel.queries)
@@ -136,15 +140,17 @@ def row_positions(board: Board) -> list[tuple[str, int]]:
 
 def _annotations(board: Board) -> dict[str, Any]:
     """Grafana's built-in annotations, then the board's Prometheus ones: each series' value is
-    an event's unix time (``useValueForTime``), so a round shorter than a step still shows."""
+    an event's unix time (``useValueForTime``), so a round shorter than a step still shows; an
+    engine's downs and ups are the samples' own times (the regions where it was down)."""
     items: list[dict[str, Any]] = [{
         "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
         "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
     }]
     items += [{
         "datasource": DS, "enable": True, "hide": False, "iconColor": a.color, "name": a.name, "expr": a.expr,
-        "step": "5s", "titleFormat": a.title, "textFormat": a.text, "tagKeys": f"{MIXIN.engine_label},scenario,round",
-        "useValueForTime": True,
+        "step": "5s", "titleFormat": a.title, "textFormat": a.text,
+        "tagKeys": a.tags if a.tags is not None else f"{MIXIN.engine_label},scenario,round",
+        "useValueForTime": a.value_is_time,
     } for a in board.annotations]
     return {"list": items}
 
@@ -191,7 +197,19 @@ def build(board: Board) -> dict[str, Any]:
         else:
             var["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
     _insert_rows(board, data)
-    return data
+    return drop_nulls(data)
+
+
+def drop_nulls(value: Any, step: bool = False) -> Any:
+    """``value`` without the keys whose value is null: grafanalib writes ``"datasource": null``,
+    ``"color": null`` and the like where Grafana's dashboard schema wants an object or nothing, and
+    Grafana's own models (its Foundation SDK) refuse them.  A threshold step keeps its
+    ``"value": null``: that one is the schema's (the base step, from minus infinity)."""
+    if isinstance(value, dict):
+        return {k: drop_nulls(v, k == "steps") for k, v in value.items() if v is not None or (step and k == "value")}
+    if isinstance(value, list):
+        return [drop_nulls(v, step) for v in value]
+    return value
 
 
 def _insert_rows(board: Board, data: dict[str, Any]) -> None:

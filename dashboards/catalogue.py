@@ -15,8 +15,8 @@ from .promql import COUNT_STEP, Annotation, Board, Panel, Query, Row, exact_coun
 
 __all__ = [
     "ENGINE_COLORS", "LINE_STYLES", "DATASOURCE_UID", "VM_DATASOURCE_UID", "RATE_WINDOW", "COUNT_STEP", "Query",
-    "Panel", "Board", "Annotation", "BOARDS", "PANELS", "ROUND_ANNOTATIONS", "expand", "rule_expr", "exact_count",
-    "SLO_TTFT_S", "SLO_TPOT_S", "MIXIN", "Row", "for_job", "boards_for",
+    "Panel", "Board", "Annotation", "BOARDS", "PANELS", "ROUND_ANNOTATIONS", "ENGINE_ANNOTATIONS", "expand",
+    "exact_count", "SLO_TTFT_S", "SLO_TPOT_S", "MIXIN", "Row", "for_job", "boards_for",
 ]
 
 #: Fixed colours: SGLang blue, vLLM orange (Grafana and the PNG evidence alike).
@@ -115,11 +115,24 @@ def _round_marks(which: str, agg: str, color: str) -> Annotation:
 ROUND_ANNOTATIONS = (_round_marks("start", "min", "rgba(0, 160, 80, 0.8)"),
                      _round_marks("end", "max", "rgba(120, 120, 120, 0.6)"))
 
+_ENGINE_UP = f"llmbench_engine_up{MIXIN.proxy(MIXIN.engine_matcher())}"
+#: An engine the proxy's health probe (once a second) found down: a red region while it is down, and
+#: a green one for the minute after it came back (its start, seen by the proxy).
+ENGINE_ANNOTATIONS = (
+    Annotation("Engine down", f"min {BY_E} ({_ENGINE_UP}) == 0", f"{LEGEND} down",
+               "the proxy's health probe got no answer, or a 5xx", "rgba(220, 40, 40, 0.8)",
+               value_is_time=False, tags=E),
+    Annotation("Engine back up", f"(max {BY_E} ({_ENGINE_UP}) == 1) and on ({E}) "
+               f"(min {BY_E} (min_over_time({_ENGINE_UP}[{W}])) == 0)", f"{LEGEND} up again",
+               "the engine answers the proxy's health probe again (GET /-/engines: its time to ready)",
+               "rgba(0, 160, 80, 0.6)", value_is_time=False, tags=E),
+)
+
 COMPARISON = Board(
     uid="llmbench-engine-comparison",
     title="LLM bench: engine comparison",
     variables=("datasource", "engine", "scenario"),
-    annotations=ROUND_ANNOTATIONS,
+    annotations=ROUND_ANNOTATIONS + ENGINE_ANNOTATIONS,
     panels=(
         Panel("success_ratio", "Success ratio", "percentunit", kind="stat", width=6, height=4,
               queries=_q(f"{_count(_OK)} / {_count(_JUDGED)}"),
@@ -218,6 +231,7 @@ INTERNALS = Board(
     uid="llmbench-engine-internals",
     title="LLM bench: engine internals",
     variables=("datasource", "engine", "instance", "engine_instance"),
+    annotations=ENGINE_ANNOTATIONS,
     panels=(
         Panel("engine_running", "Running requests (engine)", "short", queries=(
             Query(f"sum({_engine('vllm', 'num_requests_running')})", "vllm running", "A"),
@@ -272,8 +286,3 @@ PANELS: dict[str, Panel] = {p.key: p for b in BOARDS.values() for p in b.panels}
 def boards_for(job: str | None = None) -> dict[str, Board]:
     """The boards on the proxies of Prometheus job ``job`` (default: the mixin's)."""
     return for_job(BOARDS, job)
-
-
-def rule_expr(panel: Panel) -> str:
-    """The recording rule's expression: the panel's own query with every value selected."""
-    return expand(panel.queries[0].expr)

@@ -47,13 +47,17 @@ def exact_count(selector: str, range_: str = "$__range") -> str:
 
 @dataclass(frozen=True)
 class Annotation:
-    """A Grafana annotation query: each series' value is the unix time of an event."""
+    """A Grafana annotation query: each series' value is the unix time of an event (in ms); with
+    ``value_is_time`` False, each sample is an event at its own time (consecutive ones a region)."""
 
     name: str
     expr: str
     title: str
     text: str
     color: str
+    value_is_time: bool = True
+    #: the labels Grafana turns into the annotation's tags (comma-separated; None: engine, scenario, round)
+    tags: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.sim import FAULTS
 from exporter.harness.stack import LocalStack
 from exporter.proxy.config import Config, validate
+from exporter.proxy.engines import PROBE_USER_AGENT
 
 from .transcripts import sse
 
@@ -56,11 +58,15 @@ class Upstream:
     def __init__(self) -> None:
         self.handler: Handler = self.ok
         self.seen: list[dict[str, Any]] = []
+        self.probes: list[str] = []  # the engine watch's requests (paths), kept apart from ``seen``
 
     async def ok(self, request: web.Request) -> web.StreamResponse:
         return await stream_events(request, [e.encode() + b"\n\n" for e in (f"data: {x}" for x in OK_EVENTS)])
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        if PROBE_USER_AGENT in request.headers.get("User-Agent", ""):  # the proxy's engine watch: off the record
+            self.probes.append(request.path_qs)
+            return web.Response(status=200 if request.path == "/health" else 404)
         body = await request.read()
         self.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
         return await self.handler(request)
@@ -193,3 +199,98 @@ def just_after_a_scrape(prom_url: str, instance: str, timeout_s: float = 30.0) -
             return now
         time.sleep(0.05)
     raise TimeoutError(f"no new scrape of {instance} within {timeout_s:.0f} s")
+
+
+def scrapes_since(prom_url: str, instance: str, since: float, n: int = 1, rules: bool = False,
+                  timeout_s: float = 60.0) -> float:
+    """Wait until ``prom_url`` (Prometheus or VictoriaMetrics) holds ``n`` scrapes of ``instance``
+    that started after ``since`` (unix seconds) and, with ``rules``, every rule group there has
+    been evaluated after the last of them; return that scrape's timestamp.  A scrape's samples
+    carry its start, so its counters were read after ``since``: what happened before is in."""
+    prom = Prometheus(prom_url)
+    deadline = time.monotonic() + timeout_s
+    stamps: list[float] = []
+    while time.monotonic() < deadline:
+        window = max(60, int(time.time() - since) + 60)
+        series = prom.query(f'up{{instance="{instance}"}}[{window}s]')
+        stamps = sorted(float(t) for s in series for t, _ in s.get("values", []) if float(t) > since)
+        if len(stamps) >= n and (not rules or rules_evaluated_after(prom_url, stamps[n - 1])):
+            return stamps[n - 1]
+        time.sleep(0.1)
+    raise TimeoutError(f"{len(stamps)} of {n} scrapes of {instance} after {since:.3f}"
+                       f"{' and the rules evaluated after them' if rules else ''} within {timeout_s:.0f} s")
+
+
+def rules_evaluated_after(prom_url: str, at: float) -> bool:
+    """Every rule group of the Prometheus at ``prom_url`` has been evaluated after ``at``."""
+    import requests
+
+    groups = requests.get(f"{prom_url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+
+    def unix(stamp: str) -> float:  # RFC 3339 with nanoseconds; fromisoformat takes microseconds
+        head, _, frac = stamp.rstrip("Z").partition(".")
+        return datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp() + float(f"0.{frac or 0}")
+
+    return bool(groups) and all(unix(g["lastEvaluation"]) > at for g in groups)
+
+
+def listening_port(pid: int, timeout_s: float = 60.0) -> int:
+    """The TCP port process ``pid`` listens on, once it does (Linux: its sockets in /proc): a
+    child started on port 0 says here which port it bound.  One listening port is expected."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        inodes = set()
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+        ports = set()
+        for table in ("tcp", "tcp6"):
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                    fields = line.split()
+                    if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                        ports.add(int(fields[1].rpartition(":")[2], 16))
+        if len(ports) > 1:
+            raise AssertionError(f"process {pid} listens on several ports: {sorted(ports)}")
+        if ports:
+            return ports.pop()
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                time.sleep(0.05)
+                continue
+        raise RuntimeError(f"process {pid} ended before it listened")
+    raise TimeoutError(f"process {pid} listens on no port after {timeout_s:.0f} s")
+
+
+class AppOnPort:
+    """An aiohttp app on a fixed loopback port that can be stopped and started again (an engine
+    that goes away and comes back)."""
+
+    def __init__(self, make: Callable[[], web.Application], port: int) -> None:
+        self.make, self.port = make, port
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> AppOnPort:
+        self.runner = web.AppRunner(self.make())
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout_s: float = 8.0) -> Any:
+    """The first truthy result of ``check()``, asked every 50 ms; AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s: {check}")

@@ -1,4 +1,7 @@
-"""A real vLLM (the CPU build) for the tests and the benchmarks: a tiny model, the server, its pids.
+"""A real vLLM (the CPU build) for the tests: a tiny model, the server, its pids.
+
+The benchmarks have their own (``bench/vllm_engine.py``, kept alike): ``tests/`` and ``bench/``
+import nothing of each other.
 
 The vLLM venv comes from ``.ci/install-vllm.sh`` (``$LLMBENCH_VLLM_VENV``, default
 ``/tmp/llmbench-vllm-venv``).  The model is a random-weight ``LlamaForCausalLM`` (hidden 128, two
@@ -140,6 +143,9 @@ class VllmServer:
         from exporter.harness.stack import free_port
 
         self.model = model
+        # A port chosen here, not bound by vLLM on port 0 and read back: its API server runs as a
+        # grandchild (under ``timeout``, after minutes of start-up), and the proxy's config and
+        # the clients need the port before then.  A port taken meanwhile fails the start at once.
         self.port = free_port()
         self.log_dir = log_dir
         self.extra = list(extra)
@@ -230,7 +236,7 @@ def start_proxy(out: Path, engines: list[dict[str, Any]], **config: Any) -> tupl
 
     from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
 
-    port = free_port()
+    port = free_port()  # serve refuses port 0 (its config takes 1-65535) and names no bound port
     path = out / "proxy.yaml"
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}", "records_dir": str(out / "run"),

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from exporter.core.enginetime import EngineTiming, from_vllm_metrics, outside_engine
 from exporter.core.jsondepth import loads, loads_exact
 from exporter.core.request import RequestSpec
 from exporter.core.sse import SSEParser
-from exporter.core.enginetime import EngineTiming, from_vllm_metrics, outside_engine
 from exporter.core.visible import error_message, has_float_tokens, usage_tokens, visible_chars
 
 __all__ = [

@@ -99,15 +99,19 @@ class UsageEventFilter:
     held only while they may belong to a usage-only event: the current event, at most
     ``max_event_bytes`` of memory (its lines as received, terminators included, plus
     :data:`LINE_COST` per line; the blank line that ends it is not held); past that the event
-    passes through unjudged.  The output does not depend on how the stream is split into reads.
+    passes through unjudged.  A comment line before the event's first field line is never held:
+    it goes out as it comes and does not count.  The output does not depend on how the stream
+    is split into reads.
     """
 
-    __slots__ = ("_max", "_line", "_line_len", "_block", "_size", "_passing", "_cr_dest", "_start")
+    __slots__ = ("_max", "_line", "_line_len", "_line_out", "_block", "_size", "_passing", "_cr_dest",
+                 "_start")
 
     def __init__(self, max_event_bytes: int = 16 << 20) -> None:
         self._max = max_event_bytes
         self._line = bytearray()  # the current line's bytes not yet placed
         self._line_len = 0  # bytes of the current line before its terminator, placed or not
+        self._line_out = False  # the current line is a comment before any held line: it goes out
         self._block: list[bytes] = []  # held lines of the current event, terminators included
         self._size = 0
         self._passing = False  # the current event is too big to hold: it passes through
@@ -199,8 +203,10 @@ class UsageEventFilter:
 
     def _partial(self, piece: bytes, out: bytearray, complete: bool = False) -> None:
         """Bytes of the current line; ``complete`` when they end with its terminator."""
+        if not (self._line_len or self._line or self._block) and piece[:1] == b":":
+            self._line_out = True  # its first byte: a comment that starts no event is not held
         self._line_len += len(piece.rstrip(b"\r\n")) if complete else len(piece)
-        if self._passing:
+        if self._passing or self._line_out:
             out += piece
         else:
             self._line += piece
@@ -215,13 +221,13 @@ class UsageEventFilter:
         self._line.clear()
         self._line_len = 0
         dest = "out"
-        if self._passing:
+        if self._line_out:
+            self._line_out = False  # (already out)
+        elif self._passing:
             if blank:
                 self._reset()
         elif blank:
             dest = self._end_event(out, line)
-        elif line[:1] == b":" and not self._block:
-            out += line
         else:
             self._block.append(line)
             self._size += len(line) + LINE_COST

@@ -7,6 +7,8 @@ Pure functions over numbers (no records layout beyond ``start_unix`` and ``e2e_s
   critical value 1.957 at the 1% level; ``scipy.stats.anderson(x, "expon")`` uses the same table).
 * :func:`inflight_steps`: the number of requests in flight as a step function of time.
 * :func:`closed_steady` and :func:`open_steady`: the steady window of a closed or an open loop.
+* :func:`slot_lags`: how long after the completion that freed a slot each later request arrived,
+  the mark of a closed loop whatever its clients' turnaround.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["ExpFit", "exponential_fit", "cv", "inflight_steps", "Steps", "time_at", "plateau", "closed_steady",
-           "open_steady", "near", "AD_CRITICAL_1PCT", "MIN_FIT_GAPS", "TOLERANCE", "BIN_ARRIVALS", "POISSON_Z99"]
+           "open_steady", "near", "slot_lags", "peak", "BLIP_S", "AD_CRITICAL_1PCT", "MIN_FIT_GAPS", "TOLERANCE",
+           "BIN_ARRIVALS", "POISSON_Z99"]
 
 #: Stephens' critical value of the modified A² for an exponential with estimated rate, at 1%.
 AD_CRITICAL_1PCT = 1.957
@@ -93,6 +96,17 @@ def plateau(steps: Steps) -> int:
     return max(held, key=lambda lvl: (held[lvl], lvl)) if held else 0
 
 
+#: A level held for less than this in all is a blip of the stamps' rounding, not a load (seconds).
+BLIP_S = 0.001
+
+
+def peak(steps: Steps) -> int:
+    """The highest in-flight level held for :data:`BLIP_S` or more in all (0 for none): two stamps
+    rounded apart can put a request's end a microsecond after the next one's arrival."""
+    held = [lvl for lvl, s in time_at(steps).items() if s >= BLIP_S]
+    return max(held, default=max((lvl for _, lvl in steps[:1]), default=0))
+
+
 def near(level: int, target: float) -> bool:
     """Within 10% of ``target`` (exactly it below 10)."""
     return abs(level - target) <= TOLERANCE * target
@@ -125,3 +139,18 @@ def open_steady(arrivals: Sequence[float]) -> tuple[float, float] | None:
     allowed = max(TOLERANCE * mid, POISSON_Z99 * math.sqrt(mid))
     steady = [i for i, c in enumerate(counts) if abs(c - mid) <= allowed]
     return first + steady[0] * width, first + (steady[-1] + 1) * width
+
+
+def slot_lags(spans: Sequence[tuple[float, float]], level: int) -> list[float]:
+    """For each arrival after the first ``level``, the seconds since the completion that freed its
+    slot: the k-th completion (in time order) frees the slot of the (level + k)-th arrival.
+
+    A closed loop of ``level`` clients sends each request when one of its earlier requests has
+    ended, so these are its clients' turnaround (reading the end, sending the next): short against
+    a request's E2E, whether the completions come one by one or all at once (a batch that ends
+    together).  An open loop's arrivals do not wait for completions: its lags are as long as the
+    time its in-flight count takes to climb back to its peak.  Never negative while the in-flight
+    count stays at or below ``level``."""
+    starts = sorted(s for s, _ in spans)
+    ends = sorted(e for _, e in spans)
+    return [starts[level + k] - ends[k] for k in range(max(0, len(starts) - level))]

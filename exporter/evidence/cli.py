@@ -15,9 +15,10 @@ from exporter import __version__
 
 from .decode import decode_capture, format_row
 from .export import DEFAULT_STEP_S, GRAFANA_TOKEN_ENV, TARGET_POINTS, ExportError, export
+from .llmd_cli import add_parser as report_parser
 from .merge import MergeError, load_many
 from .outdir import OutDirError
-from .promapi import TOKEN_ENV, Prometheus, PromError, parse_header
+from .promapi import TOKEN_ENV, PromError, Prometheus, parse_header
 from .windows import WindowError, iso, parse_window
 
 __all__ = ["main", "build_parser"]
@@ -38,9 +39,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.job is not None:
             check_job(args.job)  # before any query: a bad name is the user's mistake, not Prometheus'
         prom = _prom(args)
-        window = parse_window(args.window, prom=prom, records=Path(args.records) if args.records else None)
+        window = parse_window(args.window, prom=prom, records=Path(args.records) if args.records else None,
+                              run=args.run)
         manifest = export(prom, window, Path(args.out), boards=args.boards, step=args.step, grafana=args.grafana,
-                          force=args.force, job=args.job)
+                          force=args.force, job=args.job, records=Path(args.records) if args.records else None)
     except (ValueError, WindowError, ExportError, PromError) as exc:
         return _fail(str(exc))
     backend = manifest["prometheus"]["backend"]
@@ -49,6 +51,16 @@ def cmd_export(args: argparse.Namespace) -> int:
           + f": {len(manifest['files'])} files in {args.out} (EVIDENCE.md, manifest.json)")
     if manifest["exact_counts"]["widened"]:
         print(f"exact counts {manifest['exact_counts']['note']}")
+    for line in manifest.get("warnings") or []:  # e.g. an engine whose version changed inside a run
+        print(line, file=sys.stderr)
+    for engine, t in (manifest.get("round_totals") or {}).items():
+        rate = t["output_tokens_per_s"]
+        print(f"round totals {engine}: {t['successes']}/{t['requests']} successful, {t['output_tokens']} output "
+              f"tokens, {'-' if rate is None else f'{rate:.1f}'} tok/s over the announced {t['announced_s']:.1f} s "
+              "(exact, from the counters)")
+    if manifest.get("no_series"):  # the files are written: they show the empty panels and the selector
+        print(f"evidence: {manifest['no_series']} (files written to {args.out})", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -81,10 +93,9 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
     from .experiment import parse_expect
     from .runs import RunError
-    from .summarize import summarize, write_summary
+    from .summarize import summarize, uncertainty_warning, write_summary
+    from .summary_md import summary_markdown
 
-    if len(args.records) > 1 and not args.out:
-        return _fail("several --records need --out DIR for the merged tables")
     try:
         expect = parse_expect(args.expect) if args.expect else None
         config = _judge_config(args)
@@ -92,17 +103,23 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         if not records:
             return _fail(f"no records in {', '.join(args.records)}")
         prom = _prom(args) if args.prometheus else None
-        summary = summarize(records, prom, config=config, config_path=args.config, run=args.run, expect=expect)
+        summary = summarize(records, prom, config=config, config_path=args.config, run=args.run, expect=expect,
+                            records_dirs=[Path(p) for p in args.records])
         if len(args.records) > 1:
             summary["sources"] = notes
-        out = Path(args.out) if args.out else Path(args.records[0]) / "summary"
-        paths = write_summary(summary, out)
+        paths = write_summary(summary, Path(args.out)) if args.out else []  # beside the records only when asked
     except ConfigError as exc:
         return _fail(_one_line(exc))
     except (MergeError, OutDirError, PromError, RunError, ValueError) as exc:
         return _fail(str(exc))
-    print((out / "summary.md").read_text(encoding="utf-8"))
-    print("written: " + ", ".join(str(p) for p in paths))
+    print(summary_markdown(summary))
+    print("written: " + ", ".join(str(p) for p in paths) if paths else
+          "nothing written: --out DIR writes summary.md, summary.json and the CSV tables")
+    warning = uncertainty_warning(summary)
+    if warning:
+        print(warning, file=sys.stderr)
+    for line in summary.get("warnings") or []:  # e.g. an engine whose version changed inside a run
+        print(line, file=sys.stderr)
     return 0
 
 
@@ -135,7 +152,11 @@ def _prom_options(p: argparse.ArgumentParser, required: bool) -> None:
 
 
 def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    e = sub.add_parser("export", help="pull every panel's query over a window into CSV/JSON, PNG, EVIDENCE.md")
+    e = sub.add_parser("export", help="pull every panel's query over a window into CSV/JSON, PNG, EVIDENCE.md",
+                       description="Pull every panel's query over a window into CSV/JSON, PNG and EVIDENCE.md. "
+                                   "Exit status 2 for a mistake (one line names it); 3 when every panel of the "
+                                   "proxies' boards found no series (the files are written all the same, and one "
+                                   "line names the selector used and the jobs that have llmbench_ series).")
     _prom_options(e, required=True)
     e.add_argument("--window", required=True,
                    help="START,END (RFC 3339 with a timezone, or unix seconds), last:DURATION (e.g. last:30m), "
@@ -149,7 +170,11 @@ def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                         f"scrape interval, or {DEFAULT_STEP_S:g} s where the backend does not report it)")
     e.add_argument("--records", metavar="DIR",
                    help="records directory: scenario windows from its scenarios.jsonl, which wins over "
-                        "Prometheus (default: none, scenario windows from Prometheus)")
+                        "Prometheus, and the engines' identity (versions, arguments) and the proxy's from its "
+                        "engines.jsonl (default: none, scenario windows and the engines from Prometheus)")
+    e.add_argument("--run", metavar="ID",
+                   help="the run (a run_id) of a scenario window read from --records, needed when the records "
+                        "hold that round in several runs (default: its only run; several are refused)")
     e.add_argument("--grafana", metavar="URL",
                    help=f"Grafana URL: also fetch its PNGs, token in ${GRAFANA_TOKEN_ENV} (default: none)")
     e.add_argument("--job", metavar="NAME",
@@ -167,7 +192,8 @@ def _summarize_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--records", required=True, action="append", metavar="DIR",
                    help="records directory or requests.jsonl, repeatable: the union of the requests is summarized")
     _prom_options(s, required=False)
-    s.add_argument("--out", metavar="DIR", help="output directory (default: RECORDS/summary; needed with several --records)")
+    s.add_argument("--out", metavar="DIR", help="output directory for summary.md, summary.json and the CSV tables "
+                                                "(default: none, the tables are printed and nothing is written)")
     s.add_argument("--run", metavar="ID", help="only this run's records (a run_id; default: every run, each in rows "
                                                "of its own, never merged)")
     s.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
@@ -208,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_decode)
     _summarize_parser(sub)
     _compare_parser(sub)
+    report_parser(sub)
     return p
 
 

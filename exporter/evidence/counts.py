@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboards.catalogue import COUNT_STEP
+
 from .promapi import parse_duration
 from .windows import Window, iso
 

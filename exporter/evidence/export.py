@@ -28,15 +28,17 @@ from typing import Any
 
 import requests
 
-from exporter import __version__
-
 from dashboards.catalogue import BOARDS, MIXIN, RATE_WINDOW, Board, Panel, boards_for, expand
 from dashboards.promql import job_selector
+from exporter import __version__
+
 from .counts import CountSpan, exact_counts
+from .identity import for_window
 from .outdir import OutDirError, check_out, prepare_out
-from .promapi import MAX_POINTS, Prometheus, PromError, parse_duration
+from .promapi import MAX_POINTS, PromError, Prometheus, parse_duration
 from .render import render_board
 from .report import QueryEvidence, evidence_markdown, panel_kind
+from .totals import rate_note, round_totals, totals_lines
 from .windows import Window, WindowError, check_not_future, iso
 
 __all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError",
@@ -210,17 +212,40 @@ def _query_all(prom: Prometheus, boards: dict[str, Board], window: Window, step:
     return results
 
 
-def _no_samples(prom: Prometheus, window: Window, job: str | None) -> ExportError:
-    """Every panel empty: say which selector was used, and where Prometheus has the proxies' series."""
+def _llmbench_jobs(prom: Prometheus, at: float, range_s: float) -> list[str]:
+    """The jobs under which Prometheus has ``llmbench_`` series in the ``range_s`` before ``at``."""
+    expr = f'group by (job) (last_over_time({{__name__=~"llmbench_.+"}}[{max(300, math.ceil(range_s))}s]))'
+    return sorted({s["metric"].get("job", "") for s in prom.query(expr, at)})
+
+
+def _no_series(prom: Prometheus, window: Window, job: str | None) -> str:
+    """Every panel of the proxies' boards empty: the selector used, and the jobs that do have the
+    proxies' series (in the window, else now), in one line."""
     selector = job_selector(job)
-    found = sorted({s["metric"].get("job", "") for s in prom.query(
-        'group by (job) ({__name__=~"llmbench_.+"})', window.end)} - {job or MIXIN.job})
-    where = (f"Prometheus has llmbench_ series then under job {', '.join(repr(j) for j in found)}: "
-             f"pass --job {found[0]}" if found else
-             "Prometheus has no llmbench_ series under any job then: check the window and that the backend "
-             "scraped (or received) the exporter")
-    return ExportError(f"no samples in the window {iso(window.start)} to {iso(window.end)}: every panel is empty "
-                       f"with the proxies' selector {{{selector}}}; {where}")
+    found = _llmbench_jobs(prom, window.end, window.seconds)
+    others = [j for j in found if j != (job or MIXIN.job)]
+    if others:
+        where = (f"Prometheus has llmbench_ series then under job {', '.join(repr(j) for j in others)}: "
+                 f"pass --job {others[0]}")
+    elif found:
+        where = f"Prometheus has llmbench_ series then only under job {found[0]!r}, but none that a panel selects"
+    else:
+        now = _llmbench_jobs(prom, time.time(), 300)
+        where = ("Prometheus has no llmbench_ series under any job then: check the window"
+                 + (f" (it has them now under job {', '.join(repr(j) for j in now)})" if now else
+                    " and that the backend scraped (or received) the exporter"))
+    return (f"no samples in the window {iso(window.start)} to {iso(window.end)}: every panel of the proxies' "
+            f"boards is empty with the selector {{{selector}}}; {where}")
+
+
+def proxy_panels_empty(boards: dict[str, Board], results: dict[str, dict[str, list[QueryEvidence]]],
+                       job: str | None) -> bool:
+    """Whether every query of the proxies' boards on the proxies' series (with the proxies'
+    selector; every query where the boards chosen have none) found no sample."""
+    selector = job_selector(job)
+    queries = [ev for b, board in boards.items() for p in board.panels for ev in results[b][p.key]]
+    proxy = [ev for ev in queries if selector in ev.expr] or queries
+    return not any(ev.points - ev.nan for ev in proxy)
 
 
 def _grafana_token(grafana: str | None) -> str | None:
@@ -249,9 +274,10 @@ def _write_all(out: Path, boards: dict[str, Board], results: dict[str, dict[str,
 
 def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
            grafana: str | None = None, progress: bool | None = None, force: bool = False,
-           job: str | None = None) -> dict[str, Any]:
+           job: str | None = None, records: Path | None = None) -> dict[str, Any]:
     """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message.
-    ``job``: the Prometheus job of the proxies (default: the mixin's, ``llmbench-exporter``)."""
+    ``job``: the proxies' Prometheus job (default: the mixin's); ``records``: their records directory
+    (its ``engines.jsonl`` names the engines and the proxy, else ``llmbench_engine_info`` does)."""
     progress = sys.stderr.isatty() if progress is None else progress
     names = boards or list(BOARDS)
     unknown = [b for b in names if b not in BOARDS]
@@ -275,8 +301,9 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     every = boards_for(job)
     chosen = {name: every[name] for name in names}
     results = _query_all(prom, chosen, window, step, rw, counts.span, progress)
-    if not any(ev.points - ev.nan for panels in results.values() for evs in panels.values() for ev in evs):
-        raise _no_samples(prom, window, job)
+    no_series = _no_series(prom, window, job) if proxy_panels_empty(chosen, results, job) else None
+    totals = round_totals(prom, window, counts.scrape_s, job)
+    short_rates = rate_note(window.seconds, parse_duration(rw), rw)
     try:
         prepare_out(out, force)
     except OutDirError as exc:
@@ -284,7 +311,9 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     files = _write_all(out, chosen, results, window, step, rw, grafana, token)
     md = out / "EVIDENCE.md"
     md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note,
-                                    selector=job_selector(job)), encoding="utf-8")
+                                    selector=job_selector(job), no_series=no_series, rate_note=short_rates,
+                                    totals=None if totals is None else totals_lines(totals, window.spec)),
+                  encoding="utf-8")
     files.append(md)
     manifest = {
         "tool": "llm-bench-exporter evidence", "version": __version__,
@@ -292,11 +321,14 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
         "prometheus": {"url": prom.url, "backend": backend, "buildinfo": prom.buildinfo(),
                        "headers": prom.header_names, "scrape_intervals_s": intervals},
         "window": {"spec": window.spec, "source": window.source, "start": window.start, "end": window.end,
-                   "start_utc": iso(window.start), "end_utc": iso(window.end)},
+                   "start_utc": iso(window.start), "end_utc": iso(window.end), "run": window.run},
+        **({} if totals is None else {"round_totals": totals}),
+        "rate_note": short_rates, "no_series": no_series,
         "step_s": step, "step_note": step_note, "grid_start": grid_start(window, step),
         "rate_window": rw, "exact_counts": counts.manifest(), "boards": names, "job": job or MIXIN.job,
         "files": [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": _sha256(p)}
                   for p in sorted(files)],
+        **for_window(records, window.start, window.end, prom, job or MIXIN.job),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return manifest

@@ -1,10 +1,15 @@
 """PNG boards for reports, with matplotlib: the Grafana panel grid in a light layout.
 
-Made to be read at a glance: engines in their fixed colours and everything else in colours
-that are neither; legends beside the plot, never over the lines; a quantity of another scale
-(the proxy's timing error) on an axis of its own, in its unit; flat series on an axis that
-shows them as flat, not as noise; amounts that must not be exaggerated from zero; a panel with
-many label combinations (failure reasons) drawn as its top few and "other reasons".
+Made to be read at a glance: engines in their fixed colours (several series of one engine, such
+as its failure reasons, in shades of its colour) and everything else in colours that are
+neither; legends beside the plot, never over the lines; a quantity of another scale (the
+proxy's timing error) on an axis of its own, in the same unit as the other; flat series on an
+axis that shows them as flat, and series of one sign on an axis that includes zero, so that
+0.320-0.325 s is no cliff (:func:`flat_limits`); a series of one or two points drawn with
+markers, so it shows; a ``histogram_quantile(1, ...)`` drawn as what it is, the bound of the
+bucket that holds the max, never as a max, and never setting the axis; thresholds labelled in
+the legend and never stretching the axis; a panel with many label combinations (failure
+reasons) drawn as its top few and "other reasons".
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dashboards.boards import layout, row_positions  # noqa: E402
 from dashboards.catalogue import ENGINE_COLORS, LINE_STYLES, Board, Panel  # noqa: E402
 
 __all__ = ["render_board", "png_size", "top_series", "flat_limits", "time_ticks", "PX_PER_ROW", "WIDTH_PX", "DPI", "TOP_SERIES",
-           "OTHER_COLORS"]
+           "OTHER_COLORS", "shade", "is_bucket_bound", "panel_units", "stat_lines"]
 
 DPI = 100
 WIDTH_PX = 1600
@@ -41,6 +46,11 @@ _UNIT_SCALE = {"percentunit": (100.0, "%"), "percent": (1.0, "%"), "s": (1.0, "s
 #: Colours of series that are no engine: distinct from the engines' and from each other.
 OTHER_COLORS = ("#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 _OTHER_REASONS = "#b0b0b0"
+#: Shades of an engine's colour for its 2nd, 3rd, ... series (< 0 darker, > 0 lighter) and their
+#: line styles: a second cue where shades are near.
+_SHADES = (0.0, -0.45, 0.45, -0.7, 0.7)
+_SHADE_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
+_THRESHOLD_COLOR = "#d62728"
 
 
 def png_size(board: Board) -> tuple[int, int]:
@@ -102,8 +112,12 @@ def top_series(series: list[dict[str, Any]], top: int = TOP_SERIES, other: str =
 
 
 def flat_limits(values: list[float], from_zero: bool) -> tuple[float, float] | None:
-    """y limits for series that would otherwise get a misleading axis: a flat series (matplotlib
-    would draw a flat 0 on -0.04..0.04) from 0, or around its value; ``from_zero``: from 0."""
+    """y limits that include zero for series of one sign (every amount the boards draw): a flat
+    series (matplotlib would draw a flat 0 on -0.04..0.04) from 0 to a quarter above its value,
+    and a moving one from 0 to a little above its top, so that one or two points of 0.320 and
+    0.325 s are no cliff over the whole height (an auto-scaled axis stretches any difference to
+    it); ``from_zero``: from 0 even where values are negative too.  None: matplotlib's own axis,
+    for series that cross zero."""
     vals = [v for v in values if not math.isnan(v)]
     if not vals:
         return None
@@ -112,78 +126,194 @@ def flat_limits(values: list[float], from_zero: bool) -> tuple[float, float] | N
         if hi == 0:
             return (0.0, 1.0)
         return (0.0, hi * 1.25) if hi > 0 else (hi * 1.25, 0.0)
-    if from_zero:
-        return (min(0.0, lo), hi * 1.08 if hi > 0 else 1.0)
+    if from_zero or lo >= 0:
+        return (min(0.0, lo * 1.08), hi * 1.08 if hi > 0 else 1.0)
+    if hi <= 0:
+        return (lo * 1.08, 0.0)
     return None
+
+
+def shade(color: str, amount: float) -> str:
+    """``color`` mixed with black (``amount`` < 0) or white (> 0) by ``abs(amount)``."""
+    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    to = 0 if amount < 0 else 255
+    mix = [round(c + (to - c) * abs(amount)) for c in (r, g, b)]
+    return "#" + "".join(f"{c:02x}" for c in mix)
+
+
+def is_bucket_bound(expr: str) -> bool:
+    """``histogram_quantile(1, ...)``: not the max but the upper bound of the bucket that holds it
+    (a max of 29 ms in a bucket up to 50 ms reads 50 ms)."""
+    return expr.replace(" ", "").startswith(("histogram_quantile(1,", "histogram_quantile(1.0,"))
 
 
 def _style(name: str) -> str:
     return next((_MPL_STYLE[v] for k, v in LINE_STYLES.items() if k in name), "-")
 
 
-def _plot(ax: Any, series: list[dict[str, Any]], scale: float, colors: dict[str, str]) -> None:
+def _isolated(values: list[float]) -> list[bool]:
+    """Points with no finite neighbour: a line through them draws nothing."""
+    ok = [not math.isnan(v) for v in values]
+    return [ok[i] and not (i > 0 and ok[i - 1]) and not (i + 1 < len(ok) and ok[i + 1]) for i in range(len(ok))]
+
+
+def _plot(ax: Any, series: list[dict[str, Any]], scale: float, colors: dict[str, str],
+          styles: dict[str, Any] | None = None, bounds: bool = False) -> None:
+    """Each series as a line, with markers where it has three points or fewer (or a point alone):
+    a line of one point draws nothing, and two points alone are no trend.  ``bounds``: bucket
+    bounds, thin and dotted, labelled as the bound they are."""
     for s in series:
         color = _OTHER_REASONS if s.get("other") else colors.get(s["name"])
-        ax.plot([_num(t) for t in s["times"]], [v * scale for v in s["values"]], label=s["name"], color=color,
-                linewidth=1.6, linestyle=_style(s["name"]))
+        xs, ys = [_num(t) for t in s["times"]], [v * scale for v in s["values"]]
+        few = sum(1 for v in ys if not math.isnan(v)) <= 3
+        style = ":" if bounds else (styles or {}).get(s["name"]) or _style(s["name"])
+        (line,) = ax.plot(xs, ys, label=s.get("label", s["name"]), color=color, linewidth=1.0 if bounds else 1.6,
+                          linestyle=style, marker="o" if few else None, markersize=4 if bounds else 5)
+        alone = [i for i, lone in enumerate(_isolated(ys)) if lone]
+        if alone and not few:
+            ax.plot([xs[i] for i in alone], [ys[i] for i in alone], linestyle="none", marker="o", markersize=4,
+                    color=line.get_color())
+
+
+def _looks(panel: Panel, series: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(colour, line style) per series name.  On per-engine panels each engine's series in its
+    colour (the legend words give the styles); on the others (failure reasons, GPUs) an engine's
+    first series in its colour, its next ones in shades of it with line styles of their own, and
+    every series of no engine in a colour of its own that is no engine's."""
+    colors: dict[str, str] = {}
+    styles: dict[str, Any] = {}
+    spare, seen = iter(OTHER_COLORS * 4), dict[str, int]()
+    for s in series:
+        engine = _engine_color(s["name"])
+        if engine and panel.per_engine_colors:
+            colors[s["name"]] = engine
+        elif engine and not s.get("other"):
+            i = seen[engine] = seen.get(engine, -1) + 1
+            colors[s["name"]] = shade(engine, _SHADES[i % len(_SHADES)])
+            styles[s["name"]] = _SHADE_STYLES[i % len(_SHADE_STYLES)]
+        else:
+            colors[s["name"]] = next(spare)
+    return colors, styles
 
 
 def _colors(panel: Panel, series: list[dict[str, Any]]) -> dict[str, str]:
-    """Engines' series in the engine's colour (on per-engine panels); every other one its own."""
-    out, spare = {}, iter(OTHER_COLORS * 4)
-    for s in series:
-        engine = _engine_color(s["name"]) if panel.per_engine_colors else None
-        out[s["name"]] = engine or next(spare)
-    return out
+    return _looks(panel, series)[0]
 
 
 def _limits(ax: Any, series: list[dict[str, Any]], scale: float, from_zero: bool) -> None:
+    """Limits from the measured series alone, then held: thresholds and bucket bounds drawn
+    afterwards never stretch the axis."""
     limits = flat_limits([v * scale for s in series for v in s["values"]], from_zero)
-    if limits is not None:
-        ax.set_ylim(*limits)
+    ax.set_ylim(*(limits if limits is not None else ax.get_ylim()))
 
 
-def _timeseries(ax: Any, panel: Panel, series: list[dict[str, Any]], scale: float) -> Any:
-    """Left-axis series, and those of queries marked ``right`` on a twin axis in its unit."""
+def _fmt(v: float, unit: str) -> str:
+    return f"{v:.4g}{(' ' + unit) if unit else ''}"
+
+
+def _bound_labels(bounds: list[dict[str, Any]], scale: float, unit: str, top: float) -> list[dict[str, Any]]:
+    out = []
+    for s in bounds:
+        vals = [v * scale for v in s["values"] if not math.isnan(v)]
+        most = max(vals, default=math.nan)
+        note = ", above the axis" if vals and most > top else ""
+        label = (f"{s['name']} ≤ {_fmt(most, unit)}:\n the bucket's bound, not a\n measured max{note}" if vals
+                 else s["name"])
+        out.append({**s, "label": label})
+    return out
+
+
+def _thresholds(ax: Any, thresholds: tuple[float, ...], scale: float, unit: str) -> None:
+    low, top = ax.get_ylim()
+    for threshold in thresholds:
+        v = threshold * scale
+        where = " (above the axis)" if v > top else " (below the axis)" if v < low else ""
+        ax.axhline(v, color=_THRESHOLD_COLOR, linestyle="--", linewidth=0.9, label=f"threshold {_fmt(v, unit)}{where}")
+
+
+def _timeseries(ax: Any, panel: Panel, series: list[dict[str, Any]], scale: float, unit: str = "",
+                right_scale: tuple[float, str] | None = None) -> Any:
+    """Left-axis series, and those of queries marked ``right`` on a twin axis in its unit.  The
+    series of ``histogram_quantile(1, ...)`` queries (:func:`is_bucket_bound`) are drawn as bounds,
+    after the axis is set from the others."""
     right_refs = {q.ref for q in panel.queries if q.right}
+    bound_refs = {q.ref for q in panel.queries if is_bucket_bound(q.expr)}
     left = [s for s in series if s.get("ref") not in right_refs]
     right = [s for s in series if s.get("ref") in right_refs]
     if panel.top:
         left = top_series(left, panel.top)
-    colors = _colors(panel, left + right)
-    _plot(ax, left, scale, colors)
-    _limits(ax, left, scale, panel.from_zero)
+    colors, styles = _looks(panel, left + right)
     axes = [ax]
-    thresholds_on = ax
+    sides = [(ax, left, scale, unit, panel.from_zero)]
     if panel.right_unit is not None:
         twin = ax.twinx()
-        r_scale, r_unit = _UNIT_SCALE.get(panel.right_unit[0], (1.0, panel.right_unit[0]))
-        _plot(twin, right, r_scale, colors)
-        _limits(twin, right, r_scale, True)
+        r_scale, r_unit = right_scale or _UNIT_SCALE.get(panel.right_unit[0], (1.0, panel.right_unit[0]))
         twin.set_ylabel(f"{panel.right_unit[1]} ({r_unit})", fontsize=8)
         twin.tick_params(labelsize=8)
         axes.append(twin)
-        thresholds_on, scale = twin, r_scale
-    for threshold in panel.thresholds:
-        thresholds_on.axhline(threshold * scale, color="#d62728", linestyle="--", linewidth=0.9)
+        sides.append((twin, right, r_scale, r_unit, True))
+    for on, drawn, s_scale, s_unit, from_zero in sides:
+        measured = [s for s in drawn if s.get("ref") not in bound_refs]
+        _plot(on, measured, s_scale, colors, styles)
+        _limits(on, measured, s_scale, from_zero)
+        bounds = _bound_labels([s for s in drawn if s.get("ref") in bound_refs], s_scale, s_unit, on.get_ylim()[1])
+        _plot(on, bounds, s_scale, colors, styles, bounds=True)
+    on, _, s_scale, s_unit, _ = sides[-1]
+    _thresholds(on, panel.thresholds, s_scale, s_unit)
     return axes
 
 
-def _stat(ax: Any, series: list[dict[str, Any]], scale: float, unit: str) -> None:
-    ax.axis("off")
-    lines = []
+#: Lines a stat panel shows before "... and N more"; the font its values take by how many show.
+STAT_LINES = 6
+_STAT_FONT = {1: 20, 2: 17, 3: 14, 4: 12}
+
+
+def stat_lines(series: list[dict[str, Any]], scale: float) -> list[tuple[str, float]]:
+    """(name, last value) of each series with a value."""
+    out = []
     for s in series:
         vals = [v for v in s["values"] if not math.isnan(v)]
         if vals:
-            lines.append((s["name"], vals[-1] * scale))
+            out.append((s["name"], vals[-1] * scale))
+    return out
+
+
+def _stat(ax: Any, series: list[dict[str, Any]], scale: float, unit: str) -> None:
+    """The values spread over the panel's height, in a font as large as their number allows: the
+    stat row is filled, not a few small lines over a blank band."""
+    ax.axis("off")
+    lines = stat_lines(series, scale)
     if not lines:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", color="#888888", fontsize=14)
-    for i, (name, v) in enumerate(lines[:6]):
-        ax.text(0.02, 0.8 - i * 0.17, f"{name}: {v:,.4g}{(' ' + unit) if unit else ''}", fontsize=11,
+        return
+    shown = lines[:STAT_LINES]
+    more = len(lines) - len(shown)
+    n = len(shown) + (1 if more else 0)
+    font = _STAT_FONT.get(n, 10)
+    ys = [1 - (i + 0.5) / n for i in range(n)]
+    for y, (name, v) in zip(ys, shown):
+        ax.text(0.02, y, f"{name}: {v:,.4g}{(' ' + unit) if unit else ''}", fontsize=font,
                 color=_engine_color(name) or "#333333", transform=ax.transAxes, va="center")
-    if len(lines) > 6:
-        ax.text(0.02, 0.8 - 6 * 0.17, f"… and {len(lines) - 6} more", fontsize=9, color="#666666",
+    if more:
+        ax.text(0.02, ys[-1], f"… and {more} more", fontsize=min(font, 9), color="#666666",
                 transform=ax.transAxes, va="center")
+
+
+#: Units of time: a panel whose two axes are both in one of them draws both in the right one's.
+_TIME_UNITS = ("s", "ms")
+
+
+def panel_units(panel: Panel) -> tuple[tuple[float, str], tuple[float, str] | None, str]:
+    """(left scale and unit, right scale and unit or None, the title's unit).  Two axes of time
+    (the proxy's TTFT in s, its timing error in ms) are both drawn in the right one's unit: one
+    unit on a panel, as the report's tables have."""
+    left = _UNIT_SCALE.get(panel.unit, (1.0, panel.unit))
+    if panel.right_unit is None:
+        return left, None, left[1]
+    right = _UNIT_SCALE.get(panel.right_unit[0], (1.0, panel.right_unit[0]))
+    if panel.unit in _TIME_UNITS and panel.right_unit[0] in _TIME_UNITS:
+        return right, right, f"{right[1]}, both axes"
+    return left, right, f"{left[1]} left, {right[1]} right"
 
 
 def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[str, Any]], window: tuple[float, float]
@@ -192,17 +322,21 @@ def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[s
 
     timeseries = panel.kind != "stat"
     right_px = (LEGEND_PX if timeseries else 0) + (RIGHT_AXIS_PX if panel.right_unit and timeseries else 0)
-    ax = fig.add_axes(_rect(pos, w, h, right_px))
-    scale, unit = _UNIT_SCALE.get(panel.unit, (1.0, panel.unit))
-    if panel.right_unit and timeseries:
-        unit = f"{unit} left, {_UNIT_SCALE.get(panel.right_unit[0], (1.0, panel.right_unit[0]))[1]} right"
-    ax.set_title(f"{panel.title}" + (f" ({unit})" if unit else ""), fontsize=10, loc="left")
+    rect = _rect(pos, w, h, right_px)
+    if not timeseries:  # no tick labels under a stat: its values take that room too
+        rect = (rect[0], rect[1] - 24 / h, rect[2], rect[3] + 24 / h)
+    ax = fig.add_axes(rect)
+    (scale, unit), right, title_unit = panel_units(panel) if timeseries else (
+        _UNIT_SCALE.get(panel.unit, (1.0, panel.unit)), None, _UNIT_SCALE.get(panel.unit, (1.0, panel.unit))[1])
+    ax.set_title(f"{panel.title}" + (f" ({title_unit})" if title_unit else ""), fontsize=10, loc="left")
     if not timeseries:
         _stat(ax, series, scale, unit)
         return
     ax.set_facecolor("white")
     ax.grid(True, color="#e5e5e5", linewidth=0.6)
-    axes = _timeseries(ax, panel, series, scale)
+    if right is not None and unit:
+        ax.set_ylabel(unit, fontsize=8)
+    axes = _timeseries(ax, panel, series, scale, unit, right)
     ax.set_xlim(_num(window[0]), _num(window[1]))
     ax.set_xticks([_num(t) for t in time_ticks(*window, max(2, int(ax.get_position().width * w / 85)))])
     ax.xaxis.set_major_formatter(DateFormatter("%H:%M:%S", tz=dt.timezone.utc))

@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dashboards.catalogue import BOARDS, MIXIN, RATE_WINDOW, Panel
 from exporter import __version__
 
-from dashboards.catalogue import BOARDS, MIXIN, RATE_WINDOW, Panel
 from .counts import CountSpan
 from .windows import Window, iso
 
@@ -124,13 +124,23 @@ def _query_lines(ev: QueryEvidence) -> list[str]:
 
 def evidence_markdown(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,
                       results: dict[str, dict[str, list[QueryEvidence]]], counts_note: str,
-                      selector: str = MIXIN.job_selector) -> str:
+                      selector: str = MIXIN.job_selector, *, no_series: str | None = None,
+                      totals: list[str] | None = None, rate_note: str | None = None) -> str:
+    """``no_series``: why every panel of the proxies' boards is empty; ``totals``: the round totals
+    section; ``rate_note``: what each rate panel says when the window is shorter than its rate window."""
     lines = _header(window, step, step_note, rw, backend, url, counts_note, selector)
+    if no_series:
+        lines += [f"**No series: {no_series}**", ""]
+    if rate_note:
+        lines += [f"- Rate panels: {rate_note}", ""]
+    lines += totals or []
     for board_key, panels in results.items():
         board = BOARDS[board_key]
         lines += [f"## {board.title}", "", f"![{board.title}]({board_key}.png)", ""]
         for panel in board.panels:
             lines += [f"### {panel.title}", "", f"Kind: *{panel_kind(panel)}*", ""]
+            if rate_note and panel_kind(panel) == "rate":
+                lines += [f"Note: {rate_note}", ""]
             for ev in panels[panel.key]:
                 lines += _query_lines(ev)
             lines += [f"Data: `data/{board_key}/{panel.key}.csv`, `data/{board_key}/{panel.key}.json`", ""]

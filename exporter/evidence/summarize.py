@@ -27,13 +27,14 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from dashboards.catalogue import MIXIN, exact_count
 from exporter.core.slo import slo_result
 from exporter.core.stats import median_of_rounds, percentile, round_row
 from exporter.proxy.config import DEFAULT_SLO, Config
 
-from dashboards.catalogue import MIXIN, exact_count
 from .counts import covering
-from .experiment import Expect, cell_load, round_load, steady_records, window_share
+from .experiment import Expect, cell_load, round_load, round_name, steady_records, window_share
+from .identity import identity
 from .merge import load_records
 from .noise import METRICS, RULE, delta_pct, judged_verdict
 from .outdir import make_dir
@@ -42,7 +43,7 @@ from .runs import RoundKey, group_rounds, judge_by, runs_in, select_run
 from .summary_md import summary_markdown
 
 __all__ = ["load_records", "summarize", "write_summary", "histogram_p95_expr", "HISTOGRAMS", "TTFT_VARIANTS",
-           "DROPPED"]
+           "DROPPED", "uncertain_share", "uncertainty_warning", "UNCERTAIN_OF_TTFT", "UNCERTAIN_WARN"]
 
 HISTOGRAMS = {"ttft": ("llmbench_time_to_first_token_seconds", "ttft_s"),
               "tpot": ("llmbench_time_per_output_token_seconds", "tpot_s"),
@@ -52,6 +53,10 @@ TTFT_VARIANTS = ("ttft_s", "ttfb_s", "ttfe_s")
 #: one name per figure: ``slo_attainment`` (met / all) is ``goodput_ratio`` (met / judged) but for
 #: client aborts; the summary keeps ``goodput_ratio``.
 DROPPED = ("slo_attainment",)
+#: A request is ``uncertain`` when its timing uncertainty exceeds this share of its TTFT ...
+UNCERTAIN_OF_TTFT = 0.10
+#: ... and a round whose share of uncertain requests exceeds this one gets a warning.
+UNCERTAIN_WARN = 0.05
 Groups = dict[RoundKey, list[Mapping[str, Any]]]
 CellKey = tuple[str, str, str]  # run, engine, scenario
 
@@ -62,7 +67,31 @@ def _end(r: Mapping[str, Any]) -> float:
 
 def _figures(recs: Sequence[Mapping[str, Any]], duration_s: float | None = None) -> dict[str, Any]:
     row = round_row(recs, duration_s, slo=DEFAULT_SLO, own_slo=True)  # every record carries its slo here
-    return {k: v for k, v in row.items() if k not in DROPPED}
+    return {**{k: v for k, v in row.items() if k not in DROPPED}, "uncertain": uncertain_share(recs)}
+
+
+def uncertain_share(recs: Sequence[Mapping[str, Any]]) -> float | None:
+    """The share of the requests with a TTFT whose ``timing_uncertainty_s`` (the proxy's event-loop
+    lag while they were in flight) exceeds :data:`UNCERTAIN_OF_TTFT` of that TTFT: their timings
+    may be off by more than a tenth.  None where no record carries both."""
+    timed = [r for r in recs if isinstance(r.get("ttft_s"), (int, float))
+             and isinstance(r.get("timing_uncertainty_s"), (int, float))]
+    if not timed:
+        return None
+    return sum(1 for r in timed if r["timing_uncertainty_s"] > UNCERTAIN_OF_TTFT * r["ttft_s"]) / len(timed)
+
+
+def uncertainty_warning(summary: Mapping[str, Any]) -> str | None:
+    """One ``warning:`` line when a round's ``uncertain`` share exceeds :data:`UNCERTAIN_WARN`."""
+    bad = [r for r in summary.get("rounds") or [] if (r.get("uncertain") or 0) > UNCERTAIN_WARN]
+    if not bad:
+        return None
+    worst = max(bad, key=lambda r: r["uncertain"])
+    return (f"warning: in {len(bad)} of {len(summary['rounds'])} rounds more than {UNCERTAIN_WARN:.0%} of the "
+            f"requests have a timing uncertainty above {UNCERTAIN_OF_TTFT:.0%} of their TTFT (worst: "
+            f"{worst['engine']} {round_name(worst['scenario'], worst['round'])}, {worst['uncertain']:.0%}): the "
+            "proxy's event loop lagged while they were in flight (a CPU-bound host?); see the uncertain column "
+            "and the records' timing_uncertainty_s before quoting their TTFT")
 
 
 def _round_tables(groups: Groups, expect: Expect | None) -> tuple[list[dict[str, Any]], ...]:
@@ -113,14 +142,17 @@ def _medians(groups: Groups, rounds: list[dict[str, Any]], loads: list[dict[str,
             for part in (m, m["spread"], m["ci95"]):
                 part.pop(key, None)
         out.append({"run": run, "engine": engine, "scenario": scenario, **m, "failure_reasons": _reasons(rows),
+                    "uncertain": uncertain_share([r for _, recs, _ in triples for r in recs]),
                     **cell_load([load for _, _, load in triples])})
     return out
 
 
 def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = None, scrape_s: float = 5.0, *,
               config: Config | None = None, config_path: Path | str | None = None, run: str | None = None,
-              expect: Expect | None = None) -> dict[str, Any]:
-    """The summary document; RunError for a ``run`` the records lack."""
+              expect: Expect | None = None, records_dirs: Sequence[Path] = ()) -> dict[str, Any]:
+    """The summary document; RunError for a ``run`` the records lack.  ``records_dirs``: where the
+    records came from, for the engines' and the proxy's identity beside them (``engines``,
+    ``proxy``; a version that changed inside a run is in ``warnings``)."""
     judged, slo_note = judge_by(select_run(records, run), config, config_path)
     groups = group_rounds(judged)
     rounds, steady, loads = _round_tables(groups, expect)
@@ -131,6 +163,9 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
                            "ttft_variants": _ttft_variants(groups)}
     if prom is not None:
         out["histogram_vs_exact"] = _compare(prom, groups, scrape_s)
+    ident = identity(records_dirs, [r["run_id"] for r in out["runs"]])
+    out.update(engines=ident["engines"], proxy=ident["proxy"],
+               warnings=[*out.get("warnings", []), *ident["warnings"]])
     return out
 
 

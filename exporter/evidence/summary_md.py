@@ -12,7 +12,7 @@ from typing import Any
 
 from exporter.core.stats import MIN_BOOTSTRAP_REQUESTS
 
-from .experiment import load_line, seconds_text
+from .experiment import load_line, round_name, seconds_text
 from .noise import fmt_delta, fmt_noise, human, unit_of
 
 __all__ = ["summary_markdown", "md_table", "PROXY_SIDE", "title_of"]
@@ -55,6 +55,18 @@ def md_table(rows: list[dict[str, Any]], cols: list[str], fmt: Mapping[str, Fmt]
     return lines
 
 
+def _uncertain(row: Mapping[str, Any], key: str) -> str:
+    """The share of requests whose timing uncertainty exceeds 10 % of their TTFT, in per cent."""
+    v = row.get(key)
+    return "-" if v is None else f"{v * 100:.1f} %"
+
+
+UNCERTAIN_NOTE = ("uncertain: the share of requests whose timing uncertainty (the proxy's event-loop lag while "
+                  "they were in flight, `timing_uncertainty_s`) exceeds 10 % of their TTFT; above 5 % the "
+                  "round's TTFT figures may be off by more than a tenth (a CPU-bound host?), and "
+                  "`evidence summarize` warns on stderr.")
+
+
 def _run_cols(summary: Mapping[str, Any]) -> list[str]:
     """A run column only where the records hold several runs."""
     return ["run"] if len(summary.get("runs") or []) > 1 else []
@@ -81,9 +93,10 @@ def _medians(summary: Mapping[str, Any]) -> list[str]:
              f"and, with at least {MIN_BOOTSTRAP_REQUESTS} requests, (CI lo–hi): a bootstrap 95% interval of the "
              "median. Goodput: requests that met their SLO over judged requests (all but client aborts).", ""]
     fmt: dict[str, Fmt] = {c: fmt_noise for c in _MEDIAN_NOISY}
+    fmt["uncertain"] = _uncertain
     cols = _run_cols(summary) + ["engine", "scenario", "rounds", "success", "requests", *_MEDIAN_NOISY,
-                                 "failure_reasons", "load_verdict"]
-    return lines + md_table(summary["medians"], cols, fmt)
+                                 "uncertain", "failure_reasons", "load_verdict"]
+    return lines + md_table(summary["medians"], cols, fmt) + ["", UNCERTAIN_NOTE]
 
 
 def _compared(summary: Mapping[str, Any]) -> list[str]:
@@ -104,7 +117,7 @@ def _loads(summary: Mapping[str, Any]) -> list[str]:
     several = len(summary.get("runs") or []) > 1
     for load in summary.get("load") or []:
         who = f"{load['run']} " if several else ""
-        lines.append(f"- {who}{load['engine']} {load['scenario']}#{load['round']}: {load_line(load)}")
+        lines.append(f"- {who}{load['engine']} {round_name(load['scenario'], load['round'])}: {load_line(load)}")
     return lines
 
 
@@ -116,11 +129,12 @@ def _rounds(summary: Mapping[str, Any]) -> list[str]:
         span = steady.get("steady_s")
         rows.append({**steady, "window": "steady" + ("" if span is None else f" {seconds_text(span)} s")})
     cols = _run_cols(summary) + ["engine", "scenario", "round", "window", "success", "requests", *_FIGURES,
-                                 "failure_reasons"]
+                                 "uncertain", "failure_reasons"]
     return ["", f"## Rounds: whole and steady window ({PROXY_SIDE})", "",
             "The steady window cuts off ramp-up and drain. Its figures count the requests that arrived "
             "inside it; its throughput and goodput tok/s count each request's output by the share of its "
-            "generation (first token to end) inside the window, over the window's length.", ""] + md_table(rows, cols)
+            "generation (first token to end) inside the window, over the window's length. " + UNCERTAIN_NOTE,
+            ""] + md_table(rows, cols, {"uncertain": _uncertain})
 
 
 def _variants(summary: Mapping[str, Any]) -> list[str]:

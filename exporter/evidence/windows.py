@@ -7,6 +7,11 @@ and in-flight series are sampled once a scrape, too coarse for a round of a few 
 the latest run's round; where several engines ran it, ``:ENGINE`` picks one, or their steady
 windows must overlap and the window is where all of them were steady.
 
+Records hold every ``serve`` start of their directory, each a run: a scenario window read from
+them is one run's.  When the round (or, without ``#ROUND``, the scenario) ran in more than one run
+there, the window is refused with the runs listed, unless ``run`` (``evidence export --run ID``)
+picks one; a round that a proxy restart left announced ends at the next run's first event.
+
 A scenario window comes, first that applies, from:
 
 1. ``--records``: the proxy's ``scenarios.jsonl`` (exact: the times the scenario was set);
@@ -30,7 +35,8 @@ from exporter.core.timefmt import iso
 
 from .promapi import Prometheus, parse_duration
 
-__all__ = ["Window", "WindowError", "parse_window", "iso", "check_not_future", "START_GAUGE", "END_GAUGE"]
+__all__ = ["Window", "WindowError", "parse_window", "iso", "check_not_future", "START_GAUGE", "END_GAUGE",
+           "EngineSpan", "reads_records"]
 
 START_GAUGE = "llmbench_scenario_round_start_timestamp_seconds"
 END_GAUGE = "llmbench_scenario_round_end_timestamp_seconds"
@@ -42,12 +48,20 @@ class WindowError(Exception):
     """A bad window spec, or a scenario that cannot be found."""
 
 
+#: (engine, start, end): one engine's announced span of a round window
+EngineSpan = tuple[str, float, float]
+
+
 @dataclass(frozen=True)
 class Window:
     start: float
     end: float
     spec: str
     source: str = "given"
+    #: a scenario window's announced span per engine, where its source tells them apart
+    engines: tuple[EngineSpan, ...] = ()
+    #: the run a window read from the records belongs to (None: not from the records)
+    run: str | None = None
 
     @property
     def seconds(self) -> float:
@@ -78,10 +92,19 @@ def check_not_future(window: Window, now: float | None = None) -> None:
         raise WindowError(f"the window ends in the future ({iso(window.end)}, now {iso(now)}): end it at now or earlier")
 
 
+def reads_records(spec: str) -> bool:
+    """Whether a window of this form is read from ``--records`` when given: the scenario forms."""
+    return spec.startswith("scenario:")
+
+
 def parse_window(spec: str, prom: Prometheus | None = None, records: Path | None = None,
-                 now: float | None = None, lookback_s: float = 6 * 3600) -> Window:
-    """Resolve a window spec to absolute unix times."""
+                 now: float | None = None, lookback_s: float = 6 * 3600, run: str | None = None) -> Window:
+    """Resolve a window spec to absolute unix times; ``run`` picks the run of a window read from
+    ``records`` (WindowError when it is given for any other)."""
     now = time.time() if now is None else now
+    if run is not None and (records is None or not reads_records(spec)):
+        raise WindowError(f"--run {run} picks the run of a scenario window read from --records DIR: "
+                          + ("add --records" if reads_records(spec) else f"{spec!r} reads no records"))
     if spec.startswith("last:"):
         try:
             span = parse_duration(spec[5:])
@@ -91,9 +114,9 @@ def parse_window(spec: str, prom: Prometheus | None = None, records: Path | None
             raise WindowError(f"empty window {spec!r}: give a duration above zero, e.g. last:30m")
         return Window(now - span, now, spec, "last")
     if spec.startswith("scenario:") and _steady_part(spec) is not None:
-        return _steady_window(spec, records)
+        return _steady_window(spec, records, run)
     if spec.startswith("scenario:"):
-        return _scenario_window(spec, prom, records, now, lookback_s)
+        return _scenario_window(spec, prom, records, now, lookback_s, run)
     first, sep, second = spec.partition(",")
     if not sep:
         raise WindowError(f"bad window {spec!r}: use START,END, last:DURATION or scenario:NAME[#ROUND]")
@@ -112,9 +135,10 @@ def _steady_part(spec: str) -> tuple[str, str | None] | None:
     return (head, engine) if sep and engine else None
 
 
-def _steady_window(spec: str, records: Path | None) -> Window:
+def _steady_window(spec: str, records: Path | None, run: str | None = None) -> Window:
     from .experiment import steady_window
     from .merge import MergeError, load_records
+    from .runs import RunError, group_rounds, select_run
 
     part = _steady_part(spec)
     assert part is not None
@@ -124,57 +148,92 @@ def _steady_window(spec: str, records: Path | None) -> Window:
     if records is None:
         raise WindowError(f"{spec}: a steady window comes from the records: add --records DIR (with requests.jsonl)")
     try:
-        recs = load_records(records)
-    except MergeError as exc:
+        recs = select_run(load_records(records), run)
+    except (MergeError, RunError) as exc:
         raise WindowError(str(exc)) from None
+    runs = list(dict.fromkeys(key[0] for key in group_rounds(recs)
+                              if key[2] == name and str(key[3]) == rnd and (engine is None or key[1] == engine)))
+    if len(runs) > 1:
+        raise _several_runs(spec, runs, records)
     try:
         start, end, note = steady_window(recs, name, int(rnd), engine)
     except ValueError as exc:
         raise WindowError(f"{spec}: {exc}") from None
-    return Window(start, end, spec, f"records ({records}: {note})")
+    return Window(start, end, spec, f"records ({records}: {note})", run=runs[0] if runs else run)
+
+
+def _several_runs(spec: str, runs: list[str], records: Path) -> WindowError:
+    return WindowError(f"{spec}: the records in {records} hold it in {len(runs)} runs ({', '.join(runs)}), "
+                       f"which never mix: add --run ID, e.g. --run {runs[-1]}")
 
 
 def _scenario_window(spec: str, prom: Prometheus | None, records: Path | None, now: float,
-                     lookback_s: float) -> Window:
+                     lookback_s: float, run: str | None = None) -> Window:
     name, _, rnd = spec[9:].partition("#")
     if not name or (rnd and not rnd.isdigit()):
         raise WindowError(f"bad scenario window {spec!r}: expected scenario:NAME or scenario:NAME#ROUND")
     round_ = rnd or None
     if records is not None:
-        start, end = _from_records(records, name, round_, now)
-        return Window(start, end, spec, f"records ({records})")
+        found_run, spans = _from_records(records, name, round_, now, run)
+        return Window(min(s for _, s, _ in spans), max(e for _, _, e in spans), spec,
+                      f"records ({records}, run {found_run})", engines=_per_engine(spans), run=found_run)
     if prom is None:
         raise WindowError("a scenario window needs --prometheus or --records")
     found = _from_gauges(prom, name, round_, now, lookback_s)
     if found is not None:
-        return Window(found[0], found[1], spec, f"Prometheus ({START_GAUGE} / {END_GAUGE})")
+        return Window(min(s for _, s, _ in found), max(e for _, _, e in found), spec,
+                      f"Prometheus ({START_GAUGE} / {END_GAUGE})", engines=_per_engine(found))
     start, end = _from_scenario_info(prom, name, round_, now, lookback_s)
     return Window(start, end, spec, "Prometheus (llmbench_scenario_info samples, to a scrape interval)")
 
 
-def _from_records(records: Path, name: str, rnd: str | None, now: float) -> tuple[float, float]:
-    """Scenario windows from ``scenarios.jsonl``: from the event that set it to the next change."""
+def _per_engine(spans: list[EngineSpan]) -> tuple[EngineSpan, ...]:
+    """Each engine's span: from its first start to its last end (several proxies, several spans)."""
+    out: dict[str, tuple[float, float]] = {}
+    for engine, start, end in spans:
+        lo, hi = out.get(engine, (start, end))
+        out[engine] = (min(lo, start), max(hi, end))
+    return tuple((engine, lo, hi) for engine, (lo, hi) in sorted(out.items()))
+
+
+def _from_records(records: Path, name: str, rnd: str | None, now: float,
+                  run: str | None = None) -> tuple[str, list[EngineSpan]]:
+    """(run, its spans) of a scenario (round) from ``scenarios.jsonl``: from the event that set it to
+    the next change for that engine in the same run; a span a restart left open ends at the next
+    run's first event.  WindowError when it is in several runs and ``run`` picks none."""
+    from .runs import UNKNOWN_RUN
+
     path = records / "scenarios.jsonl" if records.is_dir() else records
     try:
         events = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, ValueError) as exc:
         raise WindowError(f"cannot read scenario events from {path}: {exc}") from None
-    spans: list[tuple[float, float]] = []
-    open_at: dict[str, tuple[float, bool]] = {}  # engine -> (since, is ours)
+    runs = list(dict.fromkeys(str(ev.get("run_id") or UNKNOWN_RUN) for ev in events))
+    if run is not None and run not in runs:
+        raise WindowError(f"--run {run}: no scenario events of that run in {path} (runs there: "
+                          f"{', '.join(runs) or 'none'})")
+    by_run: dict[str, list[EngineSpan]] = {}
+    open_at: dict[tuple[str, str], tuple[float, bool]] = {}  # (run, engine) -> (since, is ours)
+    first_of = {r: min(float(ev["unix"]) for ev in events if str(ev.get("run_id") or UNKNOWN_RUN) == r) for r in runs}
     for ev in events:
-        t = float(ev["unix"])
+        t, ev_run = float(ev["unix"]), str(ev.get("run_id") or UNKNOWN_RUN)
         ours = ev.get("scenario") == name and (rnd is None or str(ev.get("round")) == rnd)
         for engine in ev.get("engines", []):
-            previous = open_at.pop(engine, None)
+            previous = open_at.pop((ev_run, engine), None)
             if previous is not None and previous[1]:
-                spans.append((previous[0], t))
-            open_at[engine] = (t, ours)
-    for opened, still_ours in open_at.values():
+                by_run.setdefault(ev_run, []).append((engine, previous[0], t))
+            open_at[(ev_run, engine)] = (t, ours)
+    for (ev_run, engine), (opened, still_ours) in open_at.items():
         if still_ours:
-            spans.append((opened, now))
-    if not spans:
-        raise WindowError(f"unknown scenario {name}{'#' + rnd if rnd else ''}: not in {path}")
-    return min(s for s, _ in spans), max(e for _, e in spans)
+            later = [first_of[r] for r in runs if first_of[r] > opened and r != ev_run]
+            by_run.setdefault(ev_run, []).append((engine, opened, min(later, default=now)))
+    what = f"{name}{'#' + rnd if rnd else ''}"
+    if not by_run or (run is not None and run not in by_run):
+        raise WindowError(f"unknown scenario {what}: not in {path}" + (f" for run {run}" if run else ""))
+    if run is None and len(by_run) > 1:
+        raise _several_runs(f"scenario:{what}", list(by_run), records)
+    found = run if run is not None else next(iter(by_run))
+    return found, by_run[found]
 
 
 def _gauge_values(prom: Prometheus, metric: str, sel: str, now: float, lookback_s: float) -> dict[tuple[str, ...], float]:
@@ -189,8 +248,8 @@ def _gauge_values(prom: Prometheus, metric: str, sel: str, now: float, lookback_
 
 
 def _from_gauges(prom: Prometheus, name: str, rnd: str | None, now: float,
-                 lookback_s: float) -> tuple[float, float] | None:
-    """Rounds' start to end from the timestamp gauges; an open round ends now."""
+                 lookback_s: float) -> list[EngineSpan] | None:
+    """Rounds' (engine, start, end) from the timestamp gauges; an open round ends now."""
     sel = f'scenario="{name}"' + (f', round="{rnd}"' if rnd else "")
     starts = _gauge_values(prom, START_GAUGE, sel, now, lookback_s)
     if not starts:
@@ -199,8 +258,8 @@ def _from_gauges(prom: Prometheus, name: str, rnd: str | None, now: float,
     spans = []
     for key, start in starts.items():
         end = ends.get(key)
-        spans.append((start, end if end is not None and end >= start else now))
-    return min(s for s, _ in spans), max(e for _, e in spans)
+        spans.append((key[1], start, end if end is not None and end >= start else now))
+    return spans
 
 
 def _from_scenario_info(prom: Prometheus, name: str, rnd: str | None, now: float,

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cliutil import (HelpFormatter, UserError, ensure_out_dir, fail, non_negative_float, positive_float,
-                      probability)
+from .cliutil import HelpFormatter, UserError, ensure_out_dir, fail, non_negative_float, positive_float, probability
 from .load import Driver
 from .plan import Plan, PlanError, load_plan, scenario_names
 from .stack import ENGINES, REPO_FILES, LocalStack
@@ -71,23 +70,35 @@ def _evidence(prom_url: str | None, window: str, out: Path) -> tuple[Path | None
     """The evidence tool on the demo's own window, while Prometheus still runs: the export's
     directory (None without Prometheus) and the proxy-side headline tables."""
     from exporter.evidence.export import ExportError, export
-    from exporter.evidence.promapi import Prometheus, PromError
+    from exporter.evidence.promapi import PromError, Prometheus
     from exporter.evidence.summarize import load_records, summarize, write_summary
     from exporter.evidence.summary_md import headline_markdown
     from exporter.evidence.windows import parse_window
 
     prom = Prometheus(prom_url) if prom_url else None
     exported = None
+    records = out / "records"
     try:
-        summary = summarize(load_records(out / "records"), prom)
+        summary = summarize(load_records(records), prom, records_dirs=[records])
         write_summary(summary, out / "summary")
+        _llmd_reports(records, out / "llm-d")
         if prom is not None:
-            export(prom, parse_window(window), out / "evidence", progress=False)
+            export(prom, parse_window(window), out / "evidence", progress=False, records=records)
             exported = out / "evidence"
     except (ExportError, PromError, OSError, ValueError) as exc:
         _say(f"evidence failed: {exc}")
         return exported, None
     return exported, headline_markdown(summary)
+
+
+def _llmd_reports(records: Path, out: Path) -> None:
+    """``evidence report --format llm-d``: one llm-d Benchmark Report per engine and round, each naming
+    the simulated engine's version and arguments."""
+    from exporter.evidence.llmd import write_reports
+    from exporter.evidence.merge import load_records
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_reports(records, out, load_records(records))
 
 
 def _compare(out: Path) -> Path | None:
@@ -153,6 +164,8 @@ def _report(out: Path, stack: LocalStack, tables: tuple[str | None, str], found:
         _say(f"dashboards: {found['boards']} (import into Grafana, or use compose/)")
     _say(f"logs:       {stack.logs}")
     _say(f"summary:    {out / 'summary'}/summary.md (proxy-side round tables, load per round, steady windows)")
+    if (out / "llm-d" / "manifest.json").exists():
+        _say(f"llm-d:      {out / 'llm-d'}/ (one llm-d Benchmark Report 0.2.1 per engine and round, manifest.json)")
     if found["evidence"]:
         _say(f"evidence:   {found['evidence']}/EVIDENCE.md (PNG boards, CSV/JSON per panel, manifest.json)")
     if found["compare"]:

@@ -22,15 +22,15 @@ import json
 import random
 import time
 import uuid
-from dataclasses import dataclass
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from exporter.core.analysis import RequestSpec, StreamAnalyzer
+from exporter.core.analysis import REASONS, RequestSpec, StreamAnalyzer
 from exporter.core.content import is_event_stream
 from exporter.proxy.records import JsonlWriter
 from exporter.proxy.transport import transport_reason
@@ -41,7 +41,7 @@ from .progress import Progress
 from .runner import run_plan
 from .tables import write_tables
 
-__all__ = ["Cell", "Stage", "Plan", "PlanError", "Driver", "load_plan", "make_prompt"]
+__all__ = ["Cell", "Stage", "Plan", "PlanError", "Driver", "load_plan", "make_prompt", "proxy_verdict"]
 
 _VOCAB = (
     "time person year way day thing man world life hand part child eye woman place work week case "
@@ -64,7 +64,9 @@ class Driver:
     def __init__(self, base_url: str, out_dir: Path | None = None, *, model: str | None = None,
                  seed: int = 0, label: str | None = None, timeout_s: float = 3600.0,
                  check_url: bool = False, progress_stream: TextIO | None = None,
-                 progress_clock: Callable[[], float] = time.monotonic) -> None:
+                 progress_clock: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], float] = time.monotonic,
+                 connector: Callable[[], aiohttp.BaseConnector] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         parts = urlsplit(self.base_url)
         segs = [s for s in parts.path.split("/") if s]
@@ -83,11 +85,17 @@ class Driver:
         self.check_url = check_url  # check the base URL before the first request (the CLI does)
         self.progress_stream = progress_stream  # None: stderr
         self.progress_clock = progress_clock
+        #: the requests' stamps and the schedule's (a test runs the driver on a virtual clock,
+        #: the event loop's, and over a connector of its own)
+        self.clock = clock
+        self._connector = connector or (lambda: aiohttp.TCPConnector(limit=0))
         self._progress: Progress | None = None  # the running cell's
+        self._announced = False  # a scenario announced to the proxy and not cleared yet
+        self.cleared: str | None = None  # how the last announcement was cleared at the end (a line)
 
     async def __aenter__(self) -> Driver:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
+            connector=self._connector(), auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=10),
         )
         try:
@@ -102,6 +110,7 @@ class Driver:
 
     async def __aexit__(self, *exc: object) -> None:
         if self.session is not None:
+            await self.clear_announcement()  # interrupted (SIGINT, SIGTERM) or failed mid-round
             await self.session.close()
         if self.records is not None:
             self.records.close()
@@ -145,13 +154,27 @@ class Driver:
         """Tell the proxy which scenario round is running; a direct engine ignores this."""
         if self.engine is None or self.session is None:
             return
+        if scenario is not None:
+            self._announced = True  # from now on, even if the answer is lost
         try:
             async with self.session.post(f"{self.proxy_root}/-/scenario",
                                          json={"scenario": scenario, "round": round_, "engine": self.engine},
                                          timeout=aiohttp.ClientTimeout(total=5)) as r:
                 await r.read()
+                if scenario is None and r.status == 200:
+                    self._announced = False
         except (aiohttp.ClientError, TimeoutError):
             pass
+
+    async def clear_announcement(self) -> None:
+        """Clear the scenario this driver announced and did not clear (a run interrupted mid-round),
+        so that the next client's requests are not labelled with it; :attr:`cleared` says how it went."""
+        if not self._announced or self.engine is None or self.session is None or self.session.closed:
+            return
+        await self.announce(None, 0)
+        self.cleared = ("the scenario it announced is cleared" if not self._announced else
+                        f"could not clear the scenario it announced: POST {self.proxy_root}/-/scenario "
+                        f"{{\"scenario\": null, \"engine\": \"{self.engine}\"}} by hand")
 
     def body(self, cell: Cell) -> dict[str, Any]:
         prompt = make_prompt(self.rng, cell.input_tokens)
@@ -177,39 +200,47 @@ class Driver:
         headers = {"Content-Type": "application/json", "X-Bench-Scenario": scenario,
                    "X-Bench-Round": str(round_), "X-Request-Id": rid}
         wall = time.time()
-        t0 = time.monotonic()
+        t0 = self.clock()
         analyzer: StreamAnalyzer | None = None
         proxy_id = None
         error = detail = None
+        refused = bytearray()  # the start of a non-200 body: the proxy says its own verdict there
         try:
             async with self.session.post(self.base_url + path, data=body, headers=headers) as resp:
                 proxy_id = resp.headers.get("X-LLMBench-Request-Id")
                 streaming = is_event_stream(resp.headers.get("Content-Type"), spec.stream)
                 analyzer = StreamAnalyzer(t0, resp.status, spec, streaming=streaming)
                 async for chunk in resp.content.iter_any():
-                    analyzer.feed(chunk, time.monotonic())
+                    analyzer.feed(chunk, self.clock())
+                    if resp.status != 200 and len(refused) < _ERROR_BODY:
+                        refused += chunk[:_ERROR_BODY - len(refused)]
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             error = transport_reason(exc)
             detail = (f"no complete response within {self.timeout_s} s" if error == "timeout"
                       else f"{type(exc).__name__}: {exc}")
         if analyzer is None:
             analyzer = StreamAnalyzer(t0, None, spec, streaming=True)
-        result = analyzer.finish(time.monotonic(), error, detail)
+        result = analyzer.finish(self.clock(), error, detail)
         record = {"id": rid, "proxy_id": proxy_id, "engine": self.label, "scenario": scenario,
                   "round": round_, "start_unix": round(wall, 6), **result.as_dict(),
                   **_schedule(wall, t0, due, result.e2e_s, open_loop)}
+        said = proxy_verdict(result.status, bytes(refused)) if result.reason == "http_status" else None
+        if said is not None:  # the proxy answered for an engine it could not use: its record's reason
+            record["proxy_reason"], message = said
+            record["detail"] = f"HTTP {result.status} from the proxy, whose record says {said[0]}: {message}"
         if self.records is not None:
             self.records.write(record)
         if self.first_error is None and result.outcome != "success":
-            self.first_error = f"{result.reason}: {result.detail}" if result.detail else str(result.reason)
+            self.first_error = (f"{said[0]}: {said[1]} (the proxy's record; HTTP {result.status} here)" if said else
+                                f"{result.reason}: {result.detail}" if result.detail else str(result.reason))
         return record
 
     @contextlib.asynccontextmanager
-    async def showing(self, label: str, planned: int) -> AsyncIterator[Progress]:
+    async def showing(self, label: str, planned: int, warmup: int = 0) -> AsyncIterator[Progress]:
         """Progress of ``planned`` requests on stderr while the block runs (see
         :mod:`exporter.harness.progress`), a line at least every 10 s off a terminal."""
         progress = Progress(f"{self.label} {label}", planned, stream=self.progress_stream,
-                            clock=self.progress_clock)
+                            clock=self.progress_clock, warmup=warmup)
         outer, self._progress = self._progress, progress
 
         async def beat() -> None:
@@ -230,13 +261,14 @@ class Driver:
         if self._progress is None:  # a round run on its own, not within a plan's cell
             async with self.showing(f"{scenario}#{round_}", n) as progress:
                 return await self._round(cell, scenario, round_, n, progress)
+        self._progress.warming = scenario == WARMUP  # counted apart: the tables leave warm-ups out
         self._progress.stage = "warm-up" if scenario == WARMUP else f"round {round_}/{cell.rounds}"
         return await self._round(cell, scenario, round_, n, self._progress)
 
     async def _round(self, cell: Cell, scenario: str, round_: int, n: int,
                      progress: Progress) -> tuple[list[dict[str, Any]], float]:
         records: list[dict[str, Any]] = []
-        wall0, start = time.time(), time.monotonic()  # one anchor: the due times keep their spacing
+        wall0, start = time.time(), self.clock()  # one anchor: the due times keep their spacing
         open_loop = cell.rate is not None
 
         async def send(at: float) -> None:
@@ -251,7 +283,7 @@ class Driver:
                 ready = start  # a closed loop's request is due when its worker is free
                 for _ in remaining:
                     await send(ready)
-                    ready = time.monotonic()
+                    ready = self.clock()
 
             await asyncio.gather(*(worker() for _ in range(min(cell.concurrency, n))))
         else:
@@ -260,10 +292,10 @@ class Driver:
             for i in range(n):  # an absolute schedule: a late send does not push back the next
                 if i:
                     at += self.arrivals.expovariate(cell.rate)
-                    await asyncio.sleep(max(0.0, at - time.monotonic()))
+                    await asyncio.sleep(max(0.0, at - self.clock()))
                 tasks.append(asyncio.create_task(send(at)))
             await asyncio.gather(*tasks)
-        return records, time.monotonic() - start
+        return records, self.clock() - start
 
     async def run_plan(self, plan: Plan) -> dict[str, Any]:
         """Every stage in order (see :mod:`exporter.harness.runner`); writes the tables to
@@ -273,6 +305,27 @@ class Driver:
         if self.out_dir is not None:
             write_tables(self.out_dir, summary)
         return summary
+
+
+#: bytes of a non-200 body kept to read the proxy's verdict from
+_ERROR_BODY = 4096
+#: the proxy's error ``type`` for a timed-out upstream, and the record's reason for it
+_PROXY_TYPES = {"upstream_timeout": "timeout"}
+
+
+def proxy_verdict(status: int | None, body: bytes) -> tuple[str, str] | None:
+    """(reason, message) of a proxy's JSON error answer (``{"error": {"type": REASON, "message": ...}}``,
+    HTTP 502 or 504 for an engine it could not reach), where its type is a failure reason of the
+    records (``connect_error``, ``timeout``, ...); None for any other answer."""
+    if status not in (502, 504) or not body:
+        return None
+    try:
+        doc = json.loads(body)
+        kind, message = doc["error"]["type"], doc["error"].get("message") or ""
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    reason = _PROXY_TYPES.get(str(kind), str(kind))
+    return (reason, str(message)[:200]) if reason in REASONS and reason != "http_status" else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,17 +43,53 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
     return Plan([Stage("adhoc", [cell], args.stop_after_failed_rounds)])
 
 
+class Interrupted(Exception):
+    """``load`` stopped by a signal; the message says what became of its announcement."""
+
+    def __init__(self, signum: int, cleared: str | None) -> None:
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted ({name})" + (f"; {cleared}" if cleared else ""))
+
+
 async def _drive(args: argparse.Namespace, plan: Plan, out: Path | None) -> dict[str, Any]:
-    async with Driver(args.base_url, None, model=args.model or plan.model, seed=args.seed, label=args.label,
-                      timeout_s=args.timeout, check_url=True) as driver:
-        if args.no_proxy:
-            driver.direct()
-        else:
-            await driver.check_scenarios(scenario_names(plan))
-        if out is not None:
-            prepare_out(out, args.force)
-            driver.write_to(out)
-        return await driver.run_plan(plan)
+    """Run the plan; a SIGINT or SIGTERM cancels it, and the driver clears the scenario it announced
+    on its way out (:meth:`Driver.clear_announcement`) before :class:`Interrupted` is raised."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    got: list[int] = []
+
+    def stop(signum: int) -> None:
+        if not got and task is not None:
+            got.append(signum)
+            task.cancel()
+
+    handled = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop, signum)
+            handled.append(signum)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such support
+            pass
+    driver = Driver(args.base_url, None, model=args.model or plan.model, seed=args.seed, label=args.label,
+                    timeout_s=args.timeout, check_url=True)
+    try:
+        async with driver:
+            if args.no_proxy:
+                driver.direct()
+            else:
+                await driver.check_scenarios(scenario_names(plan))
+            if out is not None:
+                prepare_out(out, args.force)
+                driver.write_to(out)
+            return await driver.run_plan(plan)
+    except asyncio.CancelledError:
+        if got and task is not None:
+            task.uncancel()  # the cancel was ours: the run ends as Interrupted, not cancelled
+            raise Interrupted(got[0], driver.cleared) from None
+        raise
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
 
 
 def _report(summary: dict[str, Any], out: Path | None) -> int:
@@ -83,6 +120,9 @@ def cmd_load(args: argparse.Namespace) -> int:
         if out is None:
             raise
         return fail("load", f"cannot write under --out {out}: {exc.strerror or exc}")
+    except Interrupted as exc:
+        print(f"llm-bench-exporter load: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("llm-bench-exporter load: interrupted", file=sys.stderr)
         return 130

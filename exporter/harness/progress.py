@@ -1,5 +1,8 @@
 """What ``load`` shows while it runs: requests done of planned, per cell, on stderr.
 
+Warm-up requests are counted openly and apart: ``8/8 requests (+2 warm-up)``, as the round tables
+count the rounds' requests only (warm-ups are labelled ``warmup`` and left out of every table).
+
 On a terminal a bar redrawn in place; otherwise (a log file, CI) one line whenever
 :data:`LINE_EVERY_S` seconds have passed since the last line, whether requests finished or
 not (:meth:`Progress.heartbeat` runs every second), and a last line when the cell ends.
@@ -24,9 +27,14 @@ class Progress:
     """Requests done of planned for one cell (or one round when run alone)."""
 
     def __init__(self, label: str, planned: int, *, stream: TextIO | None = None, tty: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic, every_s: float = LINE_EVERY_S) -> None:
+                 clock: Callable[[], float] = time.monotonic, every_s: float = LINE_EVERY_S,
+                 warmup: int = 0) -> None:
         self.label = label
-        self.planned = planned
+        self.planned = planned  # the rounds' requests, as the tables count them
+        self.warmup = warmup  # warm-up requests planned, counted apart
+        self.warming = False  # the requests finishing now are warm-ups
+        self.warm_done = 0
+        self.warm_failed = 0
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.clock = clock
@@ -37,16 +45,25 @@ class Progress:
         self.started = self.last_line = clock()
         self.closed = False
 
+    def _warm(self) -> str:
+        """The warm-ups, apart from the rounds' count: ``warm-up 1/2`` while they run, then ``(+2 warm-up)``."""
+        if not self.warmup:
+            return ""
+        failed = f", {self.warm_failed} failed" if self.warm_failed else ""
+        if self.warming:
+            return f", warm-up {self.warm_done}/{self.warmup}{failed}"
+        return f" (+{self.warm_done} warm-up{failed})"
+
     def text(self, now: float) -> str:
-        stage = f", {self.stage}" if self.stage else ""
-        return (f"{self.label}: {self.done}/{self.planned} requests{stage}, {self.failed} failed, "
+        stage = f", {self.stage}" if self.stage and not self.warming else ""
+        return (f"{self.label}: {self.done}/{self.planned} requests{self._warm()}{stage}, {self.failed} failed, "
                 f"{now - self.started:.0f} s")
 
     def _bar(self, now: float) -> None:
         fill = int(_BAR * min(self.done, self.planned) / max(1, self.planned))
+        stage = f" {self.stage}" if self.stage and not self.warming else ""
         self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (_BAR - fill)}] {self.done}/{self.planned}"
-                          f"{' ' + self.stage if self.stage else ''}, {self.failed} failed, "
-                          f"{now - self.started:.0f} s ")
+                          f"{self._warm()}{stage}, {self.failed} failed, {now - self.started:.0f} s ")
         self.stream.flush()
 
     def _line(self, now: float) -> None:
@@ -62,9 +79,13 @@ class Progress:
             self._line(now)
 
     def tick(self, ok: bool) -> None:
-        """One request finished."""
-        self.done += 1
-        self.failed += 0 if ok else 1
+        """One request finished (a warm-up while :attr:`warming`)."""
+        if self.warming:
+            self.warm_done += 1
+            self.warm_failed += 0 if ok else 1
+        else:
+            self.done += 1
+            self.failed += 0 if ok else 1
         self._show()
 
     def heartbeat(self) -> None:

@@ -42,7 +42,7 @@ class Driver(Protocol):
 
     async def run_round(self, cell: Cell, scenario: str, round_: int, n: int) -> tuple[list[Record], float]: ...
 
-    def showing(self, label: str, planned: int) -> AbstractAsyncContextManager[Any]: ...
+    def showing(self, label: str, planned: int, warmup: int = 0) -> AbstractAsyncContextManager[Any]: ...
 
 
 def schedule_figures(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
@@ -62,6 +62,12 @@ DROPPED = ("slo_attainment",)
 
 def _figures(records: Sequence[Record], duration: float, slo: SloLike) -> dict[str, Any]:
     row = {**round_row(records, duration, slo=slo), **schedule_figures(records)}
+    proxy: dict[str, int] = {}
+    for r in records:  # HTTP 502/504 from the proxy: the reason its own record gives
+        if r.get("proxy_reason"):
+            proxy[r["proxy_reason"]] = proxy.get(r["proxy_reason"], 0) + 1
+    if proxy:
+        row["proxy_reasons"] = proxy
     return {k: v for k, v in row.items() if k not in DROPPED}
 
 
@@ -82,6 +88,8 @@ def first_error(records: Sequence[Mapping[str, Any]]) -> str | None:
     if not failed:
         return None
     r = failed[0]
+    if r.get("proxy_reason"):  # the proxy answered for the engine: its record's reason, not "HTTP 502"
+        return f"{r['proxy_reason']}: {r.get('detail')}"
     return f"{r.get('reason')}: {r.get('detail')}" if r.get("detail") else str(r.get("reason"))
 
 
@@ -137,7 +145,7 @@ async def _run_rounds(driver: Driver, run: _StageRun, cell: Cell) -> tuple[list[
 
 async def _run_cell(driver: Driver, run: _StageRun, cell: Cell) -> list[Record]:
     """One cell with its progress shown; returns the rounds' records."""
-    async with driver.showing(cell.scenario, cell.warmup + cell.rounds * cell.requests):
+    async with driver.showing(cell.scenario, cell.rounds * cell.requests, warmup=cell.warmup):
         rows, per_round = await _run_rounds(driver, run, cell)
     await driver.announce(None, 0)
     # the bootstrap interval takes a while: off the event loop

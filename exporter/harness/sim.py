@@ -36,6 +36,7 @@ from exporter.proxy.exposition import metrics_response
 
 from .cliutil import HelpFormatter, UserError, bind_listen, fail, finite_float
 from .sim_engine import FAULTS, PROFILES, SimEngine, SimParams
+from .sim_identity import add_identity_routes
 from .sim_wire import DONE, Wire
 
 __all__ = ["SimParams", "PROFILES", "FAULTS", "create_sim_app", "add_parser", "count_prompt_tokens"]
@@ -188,13 +189,6 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         sim.update_gauges()
 
 
-async def _models(request: web.Request) -> web.Response:
-    p = request.app[SIM].p
-    return web.json_response({"object": "list", "data": [
-        {"id": p.model, "object": "model", "created": int(time.time()), "owned_by": p.profile,
-         "max_model_len": 32768}]})
-
-
 async def _health(request: web.Request) -> web.Response:
     return web.Response(text="")
 
@@ -219,7 +213,7 @@ def create_sim_app(params: SimParams) -> web.Application:
     app.cleanup_ctx.append(engine_ctx)
     app.router.add_post("/v1/completions", _generate)
     app.router.add_post("/v1/chat/completions", _generate)
-    app.router.add_get("/v1/models", _models)
+    add_identity_routes(app, params)  # /v1/models and the profile's own identity routes
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     return app

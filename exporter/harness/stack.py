@@ -131,7 +131,7 @@ def start_prometheus(config: Path, data_dir: Path, port: int, log_dir: Path) -> 
 def wait_for_scrapes(prom_url: str, targets: int, timeout_s: float = 60.0) -> None:
     """Prometheus staggers first scrapes over an interval: wait until ``targets`` are up,
     so that load started afterwards is seen from its first request."""
-    from exporter.evidence.promapi import Prometheus, PromError
+    from exporter.evidence.promapi import PromError, Prometheus
 
     prom = Prometheus(prom_url, timeout_s=5)
     deadline = time.monotonic() + timeout_s

@@ -161,6 +161,11 @@ def round_table(summaries: Sequence[Mapping[str, Any]]) -> str:
                 lines.append(f"{s['engine']}: stage {stop['stage']} stopped after {stop['after']}: {stop['reason']}")
         for sweep in s.get("sweeps", []):
             lines.extend(_sweep_lines(s["engine"], sweep))
+    warm = [f"{s['engine']} {c['cell']['scenario']} {c['cell'].get('warmup')}" for s in summaries
+            for c in s.get("cells", []) if c.get("cell", {}).get("warmup")]
+    if warm:  # the progress line counted them too, apart: "8/8 requests (+2 warm-up)"
+        lines.append("warm-up requests, sent before each cell's rounds and left out of this table (labelled "
+                     f"'warmup' in the records): {', '.join(warm)}")
     slo = next((s["slo"] for s in summaries if s.get("slo")), None)
     if slo:
         lines.append(f"SLO: TTFT <= {slo['ttft_s']} s and TPOT <= {slo['tpot_s'] * 1000:g} ms; "
@@ -175,12 +180,18 @@ def round_table(summaries: Sequence[Mapping[str, Any]]) -> str:
 def failure_summary(summaries: Sequence[Mapping[str, Any]]) -> str | None:
     """``failures: REASON N, ...; first error: DETAIL`` over every round, or None."""
     reasons: dict[str, int] = {}
+    proxy: dict[str, int] = {}
     for s in summaries:
         for row in _rows(s):
             for reason, n in (row.get("failure_reasons") or {}).items():
                 reasons[reason] = reasons.get(reason, 0) + n
+            for reason, n in (row.get("proxy_reasons") or {}).items():
+                proxy[reason] = proxy.get(reason, 0) + n
     if not reasons:
         return None
     first = next((s["first_error"] for s in summaries if s.get("first_error")), None)
     text = "failures: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    if proxy:  # HTTP 502/504 here: the proxy's records say why
+        text += " (the proxy's records: " + ", ".join(f"{k} {v}" for k, v in sorted(proxy.items(),
+                                                                                   key=lambda kv: -kv[1])) + ")"
     return text + (f"; first error: {first}" if first else "")

@@ -19,9 +19,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from yarl import URL
 
 from .config import Config, Engine
+from .engines import EngineWatch
 from .exchange import Exchange, json_error
 from .exposition import metrics_response
 from .gpu import GpuCollector, make_source, poll_forever
+from .metrics import EngineCollector
 from .scenario_api import scenario_handler, scenarios_handler
 from .state import CONFIG, STATE, ProxyState, Worker
 from .upstream import Pool, origin_of, request_head
@@ -30,6 +32,7 @@ __all__ = ["create_app", "CONFIG", "STATE", "ProxyState", "Worker"]
 
 log = logging.getLogger("llmbench.proxy")
 METRICS_SESSION = web.AppKey("metrics_session", aiohttp.ClientSession)
+ENGINE_WATCH = web.AppKey("engine_watch", EngineWatch)
 
 
 class _OneLineBadRequests(logging.Filter):
@@ -99,6 +102,31 @@ async def _metrics_handler(request: web.Request) -> web.Response:
         return web.Response(status=503, text=f"metrics renderer unavailable: {exc}\n")
 
 
+async def _engines(request: web.Request) -> web.Response:
+    """``GET /-/engines``: what the engine watch found (under ``serve``, the supervisor's)."""
+    watch = request.app.get(ENGINE_WATCH)
+    if watch is not None:
+        return web.json_response(watch.snapshot())
+    session = request.app.get(METRICS_SESSION)
+    if session is None:
+        return json_error(503, "no engine watch in this process", "unavailable")
+    try:
+        async with session.get("http://supervisor/-/engines") as resp:
+            return web.Response(status=resp.status, body=await resp.read(), content_type="application/json")
+    except (aiohttp.ClientError, OSError) as exc:
+        return json_error(503, f"engine watch unavailable: {exc}", "unavailable")
+
+
+async def _engine_watch(app: web.Application) -> AsyncIterator[None]:
+    state, watch = app[STATE], app[ENGINE_WATCH]
+    assert state.pool is not None, "the upstream pool starts first"
+    watch.start(state.pool)
+    try:
+        yield
+    finally:
+        await watch.stop()
+
+
 async def _healthy(request: web.Request) -> web.Response:
     return web.Response(text="llm-bench-exporter is healthy\n")
 
@@ -166,7 +194,10 @@ def create_app(config: Config, registry: CollectorRegistry | None = None, worker
 
         state.observers.append(OtlpObserver(config))
     app.cleanup_ctx.append(_upstream_session)
-    if not state.worker.multiprocess:
+    if not state.worker.multiprocess:  # under serve, the supervisor watches the engines and the GPUs
+        app[ENGINE_WATCH] = watch = EngineWatch(config, state.worker.run_id)
+        state.registry.register(EngineCollector(watch.rows))
+        app.cleanup_ctx.append(_engine_watch)
         app.cleanup_ctx.append(_gpu_collector)
     app.on_shutdown.append(_on_shutdown)
     app.router.add_get("/metrics", _metrics_handler)
@@ -174,6 +205,7 @@ def create_app(config: Config, registry: CollectorRegistry | None = None, worker
     app.router.add_get("/-/ready", _ready)
     app.router.add_post("/-/scenario", scenario_handler)
     app.router.add_get("/-/scenarios", scenarios_handler)
+    app.router.add_get("/-/engines", _engines)
     app.router.add_post(r"/{engine}/{path:v1/completions|v1/chat/completions}", _engine_handler)
     app.router.add_get(r"/{engine}/{path:v1/models|health}", _engine_handler)
     return app

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from dashboards.mixin import CONFIG as MIXIN
 from pydantic import (
     AnyHttpUrl,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
+
+from dashboards.mixin import CONFIG as MIXIN
 
 __all__ = ["Config", "ConfigError", "Engine", "Timeouts", "Slo", "Otlp", "load_config", "parse_listen", "parse_gpu"]
 
@@ -117,6 +120,13 @@ class Config(_Model):
     slo: Slo = Slo()
     slo_by_scenario: dict[str, Slo] = {}
     otlp: Otlp | None = None
+    #: the SHA-256 of the file this config was read from (:func:`load_config`; None otherwise)
+    _source_sha256: str | None = PrivateAttr(default=None)
+
+    @property
+    def config_sha256(self) -> str | None:
+        """The SHA-256 of the config file's bytes, as read (None when not read from a file)."""
+        return self._source_sha256
 
     @field_validator("listen")
     @classmethod
@@ -180,13 +190,18 @@ def load_config(path: str | Path, **overrides: Any) -> Config:
     """Read and validate a YAML file; ``overrides`` (e.g. listen, gpu) replace its keys."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = p.read_bytes()
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
     if isinstance(data, dict):
         data.update({k: v for k, v in overrides.items() if v is not None})
-    return validate(data, str(p))
+    config = validate(data, str(p))
+    config._source_sha256 = hashlib.sha256(raw).hexdigest()
+    return config

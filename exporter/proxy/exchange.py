@@ -109,7 +109,7 @@ class Exchange:
         return Measurement(
             identity=self.identity, run_id=self.state.worker.run_id, result=result, start_unix=t0,
             usage_injected=self.usage_injected,
-            timing_uncertainty_s=self.state.loop_lag.max_since(self.lag_mark),
+            timing_uncertainty_s=self.state.loop_lag.release(self.lag_mark),
             kernel_stamps=relay is not None and relay.kernel_stamps,
             client_backpressure_s=relay.backpressure_s if relay is not None else 0.0,
             capture=kept,

@@ -10,8 +10,8 @@ that was (a read handled late in a busy round waited that long too).  Where ``ti
 it includes the loop's own timer rounding, so it over-states an idle loop's lag).
 
 Each sample is observed in ``llmbench_proxy_event_loop_lag_seconds`` and folded into
-per-epoch maxima (``EPOCH_S`` wide), from which :meth:`LoopLag.max_since` gives a request
-the largest lag seen while it was in flight: its ``timing_uncertainty_s``, an upper bound on
+per-epoch maxima (``EPOCH_S`` wide), from which :meth:`LoopLag.release` gives a request, as
+it ends, the largest lag seen while it was in flight: its ``timing_uncertainty_s``, an upper bound on
 how late any of its timestamps can be (one epoch of slack on each side keeps it an upper
 bound).
 
@@ -32,8 +32,8 @@ import os
 import struct
 import time
 from collections import deque
-from itertools import islice
 from collections.abc import Callable
+from itertools import islice
 
 __all__ = ["LoopLag", "PERIOD_S", "EPOCH_S", "LINGER_S", "IDLE_PERIOD_S", "LAG_BUCKETS"]
 
@@ -66,7 +66,7 @@ def _libc() -> ctypes.CDLL | None:
     if not hasattr(os, "O_NONBLOCK") or os.uname().sysname != "Linux":
         return None
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc's, no ldconfig run
     except OSError:
         return None
 
@@ -121,7 +121,7 @@ class LoopLag:
         self.kind = "off"
         self._libc: ctypes.CDLL | None = None
         self.armed = False  # sampling fast now (else idle: no request in flight for LINGER_S)
-        self._active = 0  # requests marked and not yet asked for their max_since
+        self._active = 0  # requests marked and not yet released
         self._idle_since = time.monotonic()
 
     # -- sampling ------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ class LoopLag:
 
     def mark(self) -> float:
         """A request starts: remember when (monotonic seconds); the probe samples until the
-        matching :meth:`max_since` and ``LINGER_S`` after the last one."""
+        matching :meth:`release` and ``LINGER_S`` after the last one."""
         self._active += 1
         if not self.armed:
             self._wake()
@@ -249,9 +249,10 @@ class LoopLag:
             return max(0.0, now - oldest)
         return max(0.0, now - self._due) if self._timer is not None else 0.0
 
-    def max_since(self, start: float) -> float:
-        """The largest lag sampled since ``start`` (one epoch of slack either side), or now
-        pending; the request that :meth:`mark` gave ``start`` is done."""
+    def release(self, start: float) -> float:
+        """The request that :meth:`mark` gave ``start`` is done: release it (the probe slows
+        down ``LINGER_S`` after the last one) and return the largest lag sampled since
+        ``start`` (one epoch of slack either side), or now pending."""
         now = time.monotonic()
         if self._active > 0:
             self._active -= 1

@@ -1,8 +1,10 @@
 """Per-request records and raw SSE captures on disk.
 
 * ``requests.jsonl``: one line per finished request.  Each line goes to the file in one
-  ``write(2)`` on an ``O_APPEND`` descriptor, so a crash of this process (even SIGKILL)
-  never leaves half a line, and concurrent writers never interleave within a line.
+  ``write(2)`` on an ``O_APPEND`` descriptor, so concurrent writers never interleave within a
+  line and a crash of this process between two writes (even SIGKILL) leaves only whole lines.
+  A write that the kernel cuts short (a full disk) has already written the start of its line:
+  the writer then raises ``OSError``, and readers of the file report that line as not JSON.
 * ``scenarios.jsonl``: scenario and round changes with wall-clock and unix times.
 * ``captures/<id>.sse``: the exact upstream body bytes; ``captures/<id>.json``: arrival
   offsets of every read, the HTTP status, the request's length expectation and the
@@ -42,7 +44,7 @@ class JsonlWriter:
     def write(self, record: dict[str, Any]) -> None:
         data = _dumps(record) + b"\n"
         written = os.write(self._fd, data)
-        if written != len(data):  # only on a full disk; never leave a partial line behind
+        if written != len(data):  # a full disk: the line's start is already in the file
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
 
     def close(self) -> None:

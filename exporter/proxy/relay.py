@@ -163,7 +163,7 @@ class Relay:
             raise ClientGone()
         if streaming:
             limit_unsent(client)  # a slow reader's bytes wait where pause_writing sees them
-        writer.send_headers()  # type: ignore[attr-defined]  # internals.py: StreamWriter
+        writer.send_headers()  # internals.py: the head goes out now
         self._writer, self._client = writer, client
         self._chunked = bool(getattr(writer, "chunked", False))
 

@@ -1,5 +1,6 @@
 """``POST /-/scenario``: set or clear the active scenario round; ``GET /-/scenarios``: what
-may be set (the configured scenario names and engines) and this ``serve`` start's run id.
+may be set (the configured scenario names and engines), this ``serve`` start's run id, and what
+is announced now per engine (``active``).
 
 ``{"scenario": null}`` or ``{"scenario": "none"}`` clears; a name longer than
 :data:`~exporter.proxy.scenarios.MAX_NAME` characters is refused (400) and never echoed or logged.
@@ -54,8 +55,11 @@ async def scenario_handler(request: web.Request) -> web.Response:
 
 
 async def scenarios_handler(request: web.Request) -> web.Response:
-    """Read-only: ``{"scenarios": [configured names], "engines": [names], "run_id": id}``."""
+    """Read-only: ``{"scenarios": [configured names], "engines": [names], "run_id": id, "active":
+    {engine: {"scenario": NAME, "round": N} or null}}``: ``active`` is what each engine's requests
+    without an ``X-Bench-Scenario`` header are labelled with now (every worker sees the same)."""
     state = request.app[STATE]
     return web.json_response({"scenarios": list(state.scenarios.names),
                               "engines": [e.name for e in state.config.engines],
-                              "run_id": state.worker.run_id})
+                              "run_id": state.worker.run_id,
+                              "active": state.scenarios.announced()})

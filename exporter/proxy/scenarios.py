@@ -172,6 +172,14 @@ class ScenarioBoard:
     def active(self, engine: str) -> Active | None:
         return self._active.get(engine)
 
+    def announced(self) -> dict[str, dict[str, Any] | None]:
+        """Per configured engine, the scenario and round announced now (``POST /-/scenario``), or None."""
+        out: dict[str, dict[str, Any] | None] = {}
+        for engine in self._engines:
+            act = self._active.get(engine)
+            out[engine] = None if act is None else {"scenario": act.scenario, "round": act.round}
+        return out
+
     def resolve(self, engine: str, header: str | None) -> tuple[str, int | None]:
         """The (scenario label, round) for a request: the header wins over the active one."""
         act = self._active.get(engine)

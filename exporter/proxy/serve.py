@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from .config import Config, ConfigError, load_config, parse_gpu, parse_listen
+from .gpu import check_source
 
 __all__ = ["add_parser", "cmd_serve"]
 
@@ -43,10 +44,6 @@ def _preflight(config: Config) -> str | None:
             pass
     except OSError as exc:
         return f"records_dir {config.records_dir}: {exc.strerror or exc}"
-    try:
-        from .gpu import check_source
-    except ImportError:  # pragma: no cover - older gpu module
-        return None
     return check_source(config.gpu)
 
 

@@ -38,7 +38,7 @@ def kernel_stamp(ancdata: list[tuple[int, int, bytes]]) -> float | None:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIME_NS.size:
             sec, nsec = _TIME_NS.unpack_from(data)
-            return sec + nsec * 1e-9
+            return float(sec + nsec * 1e-9)
     return None
 
 

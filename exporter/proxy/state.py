@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ from .records import JsonlWriter
 from .scenarios import ScenarioBoard
 from .upstream import Pool
 
-__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker", "new_run_id"]
+__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker", "new_run_id", "InFlight"]
 
 MEASURED = {"completions": "v1/completions", "chat": "v1/chat/completions"}
 
@@ -31,6 +31,41 @@ T = TypeVar("T")
 def new_run_id() -> str:
     """A run's id: its UTC start time (sortable) and a short random suffix (unique)."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+class InFlight:
+    """The handler tasks of the measured requests in flight; :meth:`wait_empty` returns as the
+    last one leaves (an event, not a look every few milliseconds)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    def add(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        self._empty.clear()
+
+    def discard(self, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self._tasks.discard(task)
+        if not self._tasks:
+            self._empty.set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter(list(self._tasks))
+
+    async def wait_empty(self, timeout_s: float | None = None) -> bool:
+        """True once none is in flight; False when ``timeout_s`` passed first."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._empty.wait()
+        except TimeoutError:
+            return False
+        return True
 
 
 class Worker:
@@ -79,7 +114,7 @@ class ProxyState:
         self.loop_lag = LoopLag(self.metrics.loop_lag.observe)
         self.stopping = False  # set at shutdown: cancellation then is ours, not the client's
         self.shutdown_grace_s = 5.0  # requests in flight at shutdown get this long to finish
-        self.exchanges: set[asyncio.Task[Any]] = set()  # handler tasks of measured requests
+        self.exchanges = InFlight()  # handler tasks of measured requests
         self._tasks: set[asyncio.Task[Any]] = set()
         for e in config.engines:
             self.metrics.initialise(e.name, [*config.scenarios, "none", "other"],
@@ -96,14 +131,10 @@ class ProxyState:
         """Shutdown: let requests in flight finish within the grace period, then end them
         (each is recorded as ``proxy_error``: the proxy, not the client, cut it)."""
         self.stopping = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.shutdown_grace_s
-        while self.exchanges and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        for task in list(self.exchanges):
-            task.cancel()
-        while self.exchanges:
-            await asyncio.sleep(0.01)
+        if not await self.exchanges.wait_empty(self.shutdown_grace_s):
+            for task in self.exchanges:
+                task.cancel()
+            await self.exchanges.wait_empty()
 
     async def drain(self) -> None:
         """Wait for the records still being finished."""

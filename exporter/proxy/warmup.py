@@ -1,10 +1,9 @@
 """Set up before the proxy says ready what its first requests would otherwise set up.
 
-Measured on a fresh ``serve`` (64-event streams, C1): the first request's TTFT was 9-16 ms
-against about 2 ms for the next ones.  Nearly all of it was the client side of the first
-upstream request (aiohttp's request path run for the first time, and the connection to the
-engine); warmed this way it was 5-10 ms against 17-28 ms cold, side by side on a busy machine
-(``bench/cold_start.py``).  So, before the first request:
+A fresh ``serve``'s first request would pay for the upstream request path run for the first
+time and for the first connection to the engine, and for the measuring core's first run
+(``bench/cold_start.py`` measures the first run through a fresh proxy against its later ones).
+So, before the first request:
 
 * one pooled keep-alive connection to each engine (the proxy's own upstream client,
   :mod:`exporter.proxy.upstream`), opened by an unmeasured ``GET /health``

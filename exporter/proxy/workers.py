@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .children import Children, describe_exit
 from .config import Config, parse_listen
 
 __all__ = ["run_supervised", "worker_app", "supervisor_registry", "render_forever"]
@@ -130,7 +131,7 @@ def worker_app(config: Config, index: int, count: int, run_dir: Path, run_id: st
                     SharedScenarios(run_dir / "scenarios.state"), run_id)
     app = create_app(config.model_copy(update={"gpu": "off"}), CollectorRegistry(), worker)
     app[STATE].shutdown_grace_s = SHUTDOWN_GRACE_S
-    app.on_startup.append(_warm_up)  # after the client session exists, before the first request
+    app.on_startup.append(_warm_up)  # after the upstream pool exists, before the first request
     return app
 
 
@@ -170,25 +171,33 @@ def _in_flight(run_dir: Path) -> float:
     from prometheus_client.multiprocess import MultiProcessCollector
 
     files = glob.glob(str(run_dir / "gauge_livesum_*.db"))
-    return sum(s.value for m in MultiProcessCollector.merge(files) for s in m.samples
-               if s.name == "llmbench_requests_in_flight")
+    return float(sum(s.value for m in MultiProcessCollector.merge(files) for s in m.samples
+                     if s.name == "llmbench_requests_in_flight"))
 
 
-async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nice: int = SUPERVISOR_NICE) -> None:
+async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nice: int = SUPERVISOR_NICE,
+                         run_id: str | None = None) -> None:
     """The supervisor's /metrics on a unix socket until ``stop``: every worker's values,
-    merged; the process then runs at ``nice``."""
+    merged; the process then runs at ``nice``.  The engine watch runs here, once for all the
+    workers (its ``engines.jsonl`` names ``run_id``); the workers forward ``GET /-/engines``."""
     from aiohttp import web
 
+    from .engines import EngineWatch
     from .exposition import metrics_handler, render
     from .gpu import GpuCollector, make_source, poll_forever
+    from .metrics import EngineCollector
+    from .upstream import Pool
 
     registry = supervisor_registry(run_dir)
+    watch = EngineWatch(config, run_id)
+    registry.register(EngineCollector(watch.rows))
     tasks = []
     source = make_source(config.gpu, lambda: _in_flight(run_dir))
     if source is not None:
         tasks.append(asyncio.create_task(poll_forever(source, GpuCollector(registry), config.gpu_interval_s)))
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler(registry))
+    app.router.add_get("/-/engines", _engines_handler(watch))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     # The first scrape costs what every later one does: imports, parsed file keys, the gzip
@@ -200,9 +209,13 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     await web.UnixSite(runner, str(run_dir / "metrics.sock")).start()
     with contextlib.suppress(OSError):  # from now on the renderer yields the CPU to the workers
         os.nice(nice)
+    pool = Pool(config.timeouts.connect_s)
+    watch.start(pool)
     try:
         await stop.wait()
     finally:
+        await watch.stop()
+        pool.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -211,50 +224,47 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
         await runner.cleanup()
 
 
-async def _supervise(config: Config, pids: dict[int, int], run_dir: Path) -> int:
-    """Render /metrics until SIGTERM/SIGINT or a worker's death; return the exit status."""
+def _engines_handler(watch: Any) -> Any:
+    """``GET /-/engines`` on the supervisor's socket: what its engine watch found."""
+    from aiohttp import web
+
+    async def engines(request: Any) -> Any:
+        return web.json_response(watch.snapshot())
+    return engines
+
+
+async def _supervise(config: Config, children: Children, run_dir: Path, run_id: str | None = None) -> int:
+    """Render /metrics until SIGTERM/SIGINT or a worker's death; return the exit status.  The
+    death is learnt as it happens (:class:`Children`), not polled for."""
     from prometheus_client.multiprocess import mark_process_dead
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    dead: list[int] = []
+
+    def died(pid: int, code: int) -> None:
+        log.error("worker %d (pid %d) exited (%s): stopping the proxy", children.index[pid], pid, describe_exit(code))
+        mark_process_dead(pid, str(run_dir))
+        dead.append(pid)
+        stop.set()
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
-    renderer = asyncio.create_task(render_forever(config, run_dir, stop))
-    status = 0
-    while not stop.is_set():
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.5)
-        for pid in list(pids):
-            done, code = os.waitpid(pid, os.WNOHANG)
-            if done:
-                log.error("worker %d (pid %d) exited with status %d: stopping the proxy", pids.pop(pid), pid, code)
-                mark_process_dead(pid, str(run_dir))
-                status = 1
-                stop.set()
+    renderer = asyncio.create_task(render_forever(config, run_dir, stop, run_id=run_id))
+    stopped = asyncio.create_task(stop.wait())
+    children.on_exit(loop, died)
+    try:
+        await asyncio.wait((renderer, stopped), return_when=asyncio.FIRST_COMPLETED)
         if renderer.done():
             renderer.result()  # raise what stopped it
-    await renderer
-    return status
-
-
-def _stop_workers(pids: dict[int, int], timeout_s: float = SHUTDOWN_GRACE_S + 5.0) -> None:
-    """SIGTERM each worker (they finish their requests, as aiohttp's shutdown allows), then wait."""
-    import time
-
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for pid in pids:
-        while time.monotonic() < deadline:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.05)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+        await renderer
+    finally:
+        children.detach()
+        stopped.cancel()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    return 1 if dead else 0
 
 
 def run_supervised(config: Config, workers: int) -> int:
@@ -270,6 +280,7 @@ def run_supervised(config: Config, workers: int) -> int:
     SharedScenarios.create(run_dir / "scenarios.state").close()
     run_id = new_run_id()  # one for every worker of this start
     pids: dict[int, int] = {}
+    children: Children | None = None
     parent = os.getpid()
     try:
         for index in range(workers):
@@ -287,17 +298,19 @@ def run_supervised(config: Config, workers: int) -> int:
                     os._exit(code)
             pids[pid] = index
         sock.close()
+        children = Children(pids)  # its reaper threads start after the last fork
         log.info("proxy on http://%s:%d (%d worker%s), engines: %s", host, port, workers,
                  "s" if workers > 1 else "", ", ".join(f"{e.name} -> {e.display_url}" for e in config.engines))
-        return _run(config, pids, run_dir)
+        return _run(config, children, run_dir, run_id)
     finally:
-        _stop_workers(pids)
+        # SIGTERM: the workers finish their requests, as aiohttp's shutdown allows
+        (children or Children(pids)).stop(SHUTDOWN_GRACE_S + 5.0)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _run(config: Config, pids: dict[int, int], run_dir: Path) -> int:
+def _run(config: Config, children: Children, run_dir: Path, run_id: str | None = None) -> int:
     loop = _event_loop()
     try:
-        return loop.run_until_complete(_supervise(config, pids, run_dir))
+        return loop.run_until_complete(_supervise(config, children, run_dir, run_id))
     finally:
         loop.close()

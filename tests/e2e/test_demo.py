@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from exporter.evidence.promapi import Prometheus
+
 from tests.helpers import require_prometheus
 
 

@@ -76,7 +76,6 @@ def test_scenario_windows_resolve(live_stack: Any) -> None:
     (["--window", "last:30"], "not a duration"),
     (["--window", "yesterday"], "bad window"),
     (["--window", "2026-01-01T00:00:00,2026-01-01T01:00:00"], "no timezone"),
-    (["--window", "978307200,978310800"], "no samples in the window"),
     (["--window", "scenario:never-ran"], "unknown scenario"),
     (["--window", "last:7d", "--step", "1"], "Prometheus allows 11000"),
 ])
@@ -85,6 +84,17 @@ def test_export_errors(live_stack: Any, tmp_path: Path, capsys: pytest.CaptureFi
     assert rc == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_empty_window_exits_3_and_still_writes_its_files(live_stack: Any, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC 22: every panel of the proxies' boards empty: exit 3, one line, the files written."""
+    out = tmp_path / "x"
+    rc = evidence_main(["export", "--prometheus", live_stack.prom, "--out", str(out), "--boards", "comparison",
+                        "--window", "978307200,978310800"])
+    err = capsys.readouterr().err
+    assert rc == 3 and err.count("\n") == 1 and "no samples in the window" in err and "Traceback" not in err
+    assert (out / "EVIDENCE.md").exists() and json.loads((out / "manifest.json").read_text())["no_series"]
 
 
 class _FakeGrafana(http.server.BaseHTTPRequestHandler):
@@ -181,6 +191,7 @@ def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(t
     import requests
 
     from exporter.harness.stack import LocalStack
+
     from tests.helpers import just_after_a_scrape, require_prometheus
 
     require_prometheus()
@@ -195,7 +206,7 @@ def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(t
         t0 = time.time()
         while time.time() - t0 < 2.0:
             fault = {"X-Sim-Fault": "empty_text"} if int((time.time() - t0) * 10) % 3 == 0 else {}
-            requests.post(f"{stack.proxy_url}/vllm/v1/completions", json=body, headers=fault, timeout=10).content
+            _ = requests.post(f"{stack.proxy_url}/vllm/v1/completions", json=body, headers=fault, timeout=10).content
         requests.post(scenario, json={"scenario": None}, timeout=5).raise_for_status()
         time.sleep(11)  # two scrapes after the round's end
         events = [json.loads(x) for x in (tmp_path / "stack" / "records" / "scenarios.jsonl").read_text().splitlines()]
@@ -247,11 +258,11 @@ def test_an_export_under_the_wrong_job_names_its_selector_and_the_right_job(
     """issue 19 item 8: the data is there under the proxies' job; an export for another finds nothing
     and says which selector it used and where the series are, in one line."""
     args = ["export", "--prometheus", live_stack.prom, "--window", _window(live_stack), "--boards", "comparison"]
-    assert evidence_main([*args, "--out", str(tmp_path / "x"), "--job", "myproxy"]) == 2
+    assert evidence_main([*args, "--out", str(tmp_path / "x"), "--job", "myproxy"]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert '{job="myproxy"}' in err and "under job 'llmbench-exporter': pass --job llmbench-exporter" in err
-    assert not (tmp_path / "x").exists()
+    assert (tmp_path / "x" / "EVIDENCE.md").exists()  # written all the same: it shows the empty panels
     # the job it names is the one that works, and the evidence says which selector it used
     assert evidence_main([*args, "--out", str(tmp_path / "ok"), "--job", "llmbench-exporter"]) == 0
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())

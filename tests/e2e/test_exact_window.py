@@ -30,8 +30,16 @@ from exporter.evidence.cli import main as evidence_main
 from exporter.evidence.promapi import Prometheus
 from exporter.evidence.report import panel_kind
 from exporter.harness.load import Cell, Driver, Plan, Stage
-from exporter.harness.stack import (ENGINES, Child, exporter_argv, free_port, render_prometheus_config,
-                                    start_prometheus, wait_for_scrapes, wait_http)
+from exporter.harness.stack import (
+    ENGINES,
+    Child,
+    exporter_argv,
+    free_port,
+    render_prometheus_config,
+    start_prometheus,
+    wait_for_scrapes,
+    wait_http,
+)
 
 from tests.e2e.test_restart_counts import Stack, _wait
 from tests.helpers import require_prometheus

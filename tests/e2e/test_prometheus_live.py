@@ -11,8 +11,6 @@ import pytest
 from dashboards.catalogue import PANELS, ROUND_ANNOTATIONS, expand
 
 
-
-
 def _has_data(series: list[dict]) -> bool:
     return any(not math.isnan(float(v)) for s in series for _, v in s["values"])
 

@@ -25,8 +25,16 @@ import yaml
 from dashboards.catalogue import MIXIN, PANELS, exact_count, expand
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.load import Cell, Driver, Plan, Stage
-from exporter.harness.stack import (ENGINES, Child, exporter_argv, free_port, render_prometheus_config,
-                                    start_prometheus, wait_for_scrapes, wait_http)
+from exporter.harness.stack import (
+    ENGINES,
+    Child,
+    exporter_argv,
+    free_port,
+    render_prometheus_config,
+    start_prometheus,
+    wait_for_scrapes,
+    wait_http,
+)
 
 from tests.helpers import require_prometheus
 

@@ -23,13 +23,21 @@ import pytest
 import yaml
 
 from dashboards.catalogue import BOARDS
+from exporter.core.stats import percentile
 from exporter.evidence.cli import main as evidence_main
 from exporter.evidence.promapi import TOKEN_ENV, Prometheus
 from exporter.evidence.report import RATE_NOTE, panel_kind
-from exporter.core.stats import percentile
 from exporter.harness.load import Cell, Driver, Plan, Stage
-from exporter.harness.stack import (REPO_FILES, Child, exporter_argv, free_port, render_prometheus_config,
-                                    start_prometheus, wait_for_scrapes, wait_http)
+from exporter.harness.stack import (
+    REPO_FILES,
+    Child,
+    exporter_argv,
+    free_port,
+    render_prometheus_config,
+    start_prometheus,
+    wait_for_scrapes,
+    wait_http,
+)
 
 from tests.helpers import require_prometheus
 

@@ -12,7 +12,6 @@ import yaml
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
 
-
 KILL_AFTER = 100  # records on disk before the kill
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -85,4 +87,36 @@ def test_workers_share_one_view(tmp_path: Path) -> None:
         proxy.stop()
         sim.stop()
     log = proxy.log_path.read_text()
+    assert "Traceback" not in log, log
+
+
+def _children_of(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_dead_worker_stops_the_proxy_at_once(tmp_path: Path) -> None:
+    """SIGKILL one worker: serve exits 1 soon after, naming the worker and how it died, and
+    stops and reaps the other one (how soon the supervisor is told: tests/unit/test_children.py)."""
+    ports = {name: free_port() for name in ("sim", "proxy")}
+    cfg = tmp_path / "proxy.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "listen": f"127.0.0.1:{ports['proxy']}", "records_dir": str(tmp_path / "run"), "scenarios": ["s1"],
+        "engines": [{"name": "vllm", "upstream": f"http://127.0.0.1:{ports['sim']}"}]}))
+    sim = Child("sim", exporter_argv("sim", "--profile", "vllm", "--listen", f"127.0.0.1:{ports['sim']}"), tmp_path)
+    proxy = Child("proxy", exporter_argv("serve", "--config", str(cfg), "--workers", "2"), tmp_path)
+    try:
+        wait_http(f"http://127.0.0.1:{ports['sim']}/health", 30, sim)
+        wait_http(f"http://127.0.0.1:{ports['proxy']}/-/ready", 30, proxy)
+        workers = _children_of(proxy.proc.pid)
+        assert len(workers) == 2, workers
+        t = time.monotonic()
+        os.kill(workers[1], signal.SIGKILL)
+        assert proxy.proc.wait(15) == 1
+        assert time.monotonic() - t < 5  # the other worker's clean stop included
+        assert not Path(f"/proc/{workers[0]}").exists()  # stopped and reaped
+    finally:
+        proxy.stop()
+        sim.stop()
+    log = proxy.log_path.read_text()
+    assert f"(pid {workers[1]}) exited (killed by SIGKILL): stopping the proxy" in log, log
     assert "Traceback" not in log, log

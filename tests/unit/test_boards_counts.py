@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from dashboards.catalogue import MIXIN, PANELS, exact_count, expand
@@ -91,6 +92,7 @@ def test_reference_sees_the_resets() -> None:
     assert {k: _naive(v) for k, v in SERIES.items()} == {"a": 15, "b": 6, "c": 12, "d": 0}
 
 
+@pytest.mark.slow  # promtool: a process of its own
 def test_exact_count_per_series_across_restarts(tmp_path: Path) -> None:
     require_prometheus()
     sel = f"llmbench_empty_text_responses_total{{{MIXIN.job_selector}}}"
@@ -101,6 +103,7 @@ def test_exact_count_per_series_across_restarts(tmp_path: Path) -> None:
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow  # promtool: a process of its own
 def test_board_panel_sums_the_proxies_exactly(tmp_path: Path) -> None:
     """The empty-text stat panel as Grafana sends it over a 300 s range: one number per engine,
     the sum over four proxies of their resets-aware counts."""
@@ -128,6 +131,7 @@ P95_EXACT = 0.5 + (1 - 0.5) * (19 - 10) / (20 - 10)
 P95_MAX_MINUS_MIN = 0.1 * 0.95
 
 
+@pytest.mark.slow  # promtool: a process of its own
 def test_summarize_histogram_p95_is_right_across_a_restart(tmp_path: Path) -> None:
     require_prometheus()
     metric = "llmbench_e2e_request_latency_seconds"
@@ -149,6 +153,7 @@ def test_summarize_histogram_p95_is_right_across_a_restart(tmp_path: Path) -> No
 
 # -- evidence export: a window shorter than the scrape interval -----------------------------------
 
+@pytest.mark.slow  # promtool: a process of its own
 def test_a_short_window_counts_from_the_scrapes_around_it(tmp_path: Path) -> None:
     """A 2 s window between two 5 s scrapes: counted inside, the panel has no series; widened to
     the scrape before its start and a scrape after its end, it counts the 4 requests."""
@@ -178,6 +183,7 @@ def _goodput_series(met: list[float | None | str], ok: list[float | None | str])
             _proxy_series("llmbench_requests_total", "p1", outcome="success", reason="none"): ok}
 
 
+@pytest.mark.slow  # promtool: a process of its own
 def test_goodput_counts_requests_that_finished_before_prometheus_started(tmp_path: Path) -> None:
     """Prometheus starts 20 s before the end of a 120 s window, after the proxy has finished 8
     requests (4 met the SLO); 3 more finish, 2 of them met: 6 of 11.  The first sample is where

@@ -49,6 +49,7 @@ def test_dashboards_command_writes_boards_rules_and_manifests_for_the_job(tmp_pa
     assert json.loads(next(iter(cm["data"].values()))) == json.loads(boards["comparison"])
 
 
+@pytest.mark.slow  # promtool: a process of its own
 def test_rules_for_another_job_pass_promtool(tmp_path: Path) -> None:
     require_prometheus()
     rules = tmp_path / "rules.yml"

@@ -203,6 +203,7 @@ def _serve_proxy(records: Path) -> tuple[int, int, int]:
 
     from exporter.harness.sim import build_params, create_sim_app
     from exporter.proxy.app import create_app
+
     from tests.helpers import make_config
 
     socks = [socket.socket() for _ in range(2)]
@@ -252,6 +253,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
 CASE_NAMES = [c.name for c in _cases(1, 2, 3)]
 
 
+@pytest.mark.slow  # each case in a forked child
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_mistake_gives_one_clear_line(results: Results, name: str) -> None:
     case, proc = results[name]
@@ -269,6 +271,7 @@ def test_mistake_gives_one_clear_line(results: Results, name: str) -> None:
         assert message.startswith(f"llm-bench-exporter {case.argv[0]}: ")
 
 
+@pytest.mark.slow  # a forked child
 @pytest.mark.parametrize("command", ["load", "demo", "sim"])
 def test_every_option_shows_its_default(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
@@ -291,6 +294,7 @@ def test_python_m_demo_is_the_demo_command(module: str) -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("usage: llm-bench-exporter demo"), proc.stderr
 
 
+@pytest.mark.slow  # forked children
 def test_help_names_the_evidence_command_and_version_names_the_program(tmp_path: Path) -> None:
     from exporter import __version__
 

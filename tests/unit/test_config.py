@@ -74,6 +74,7 @@ def test_credentials_in_upstream_are_not_displayed() -> None:
     assert "s3cret" in cfg.engines[0].base_url  # still used for the upstream itself
 
 
+@pytest.mark.slow  # a subprocess: runs in the full suite
 def test_serve_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     import socket
 

@@ -1,6 +1,6 @@
-"""The fuzz campaign of bench/fuzz/, bounded to a few seconds for CI.
+"""The fuzz campaign of tests/fuzz/, bounded to a few seconds for CI.
 
-The long campaign: ``python bench/fuzz/run.py --seconds 3600`` (see bench/fuzz/README.md).
+The long campaign: ``python tests/fuzz/run.py --seconds 3600`` (see tests/fuzz/README.md).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.fuzz import grammar, targets
+from tests.fuzz import grammar, targets
 from tests.transcripts import CASES, FINDINGS
 
 _SEEDS = [c.body for c in CASES] + [f.body[:4096] for f in FINDINGS]

@@ -339,10 +339,12 @@ def _agent_config(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 2
     raise AssertionError(f"the agent on :{port} did not come up (exit status {proc.poll()})")
 
 
+@pytest.mark.slow  # promtool and two Prometheus agents: runs in the full suite
 def test_compose_scale_agents_run_the_one_config_with_their_site(tmp_path: Path) -> None:
     """promtool accepts the agent config, and Prometheus, run with each agent service's flags and
     environment, labels its samples with that site."""
     from exporter.harness.stack import free_port
+
     from tests.helpers import require_prometheus
 
     require_prometheus()

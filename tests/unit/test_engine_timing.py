@@ -13,6 +13,7 @@ from aiohttp import web
 
 from exporter.core.analysis import RequestSpec, StreamAnalyzer
 from exporter.core.enginetime import EngineTiming, from_sglang_line, from_vllm_metrics, missing_parts, outside_engine
+
 from tests.helpers import metric_value, stream_events, wait_for_records
 from tests.transcripts import sse
 

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.evidence.decode import decode_capture
 from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.decode import decode_capture
 from exporter.evidence.promapi import Prometheus
 from exporter.evidence.windows import WindowError, parse_window
 from exporter.harness.sim import FAULTS, build_params, create_sim_app

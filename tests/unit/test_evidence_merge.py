@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from exporter.evidence.cli import main as evidence_main
 from exporter.core.stats import percentile
+from exporter.evidence.cli import main as evidence_main
 
 
 def _write(path: Path, records: list[dict[str, Any]]) -> Path:
@@ -63,6 +63,6 @@ def test_summarize_merges_two_proxies_exactly(tmp_path: Path, capsys: pytest.Cap
 
 def test_summarize_without_ttft_variants(tmp_path: Path) -> None:
     d = _write(tmp_path / "old", _records(random.Random(2), "p", 5, 0.0, variants=False))
-    assert evidence_main(["summarize", "--records", str(d)]) == 0
-    v, = json.loads((d / "summary" / "summary.json").read_text())["ttft_variants"]
+    assert evidence_main(["summarize", "--records", str(d), "--out", str(tmp_path / "o")]) == 0
+    v, = json.loads((tmp_path / "o" / "summary.json").read_text())["ttft_variants"]
     assert v["ttfb_n"] == 0 and v["ttfb_p95_s"] is None and v["ttft_p95_s"] is not None

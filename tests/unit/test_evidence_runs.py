@@ -118,7 +118,8 @@ def test_compare_gives_no_verdict_on_one_round(tmp_path: Path) -> None:
 
 def test_compare_refuses_a_verdict_when_the_loads_differ(tmp_path: Path) -> None:
     a_recs = _round("s", 1, 0.0, engine="sglang", c=2) + _round("s", 2, 100.0, engine="sglang", c=2)
-    b_recs = _round("s", 1, 0.0, engine="vllm", c=5, ttft=0.5) + _round("s", 2, 100.0, engine="vllm", c=5, ttft=0.5)
+    b_recs = (_round("s", 1, 0.0, engine="vllm", c=5, ttft=0.5, n=20)  # 4 × C requests: a closed loop can be told
+              + _round("s", 2, 100.0, engine="vllm", c=5, ttft=0.5, n=20))
     a, b = _write(tmp_path / "a", a_recs), _write(tmp_path / "b", b_recs)
     rows = _rows(compare_dirs(a, b, tmp_path / "o", "sglang", "vllm"))
     row = rows[("s", "ttft_p95_s")]

@@ -201,6 +201,7 @@ def test_check_source_passes_a_working_nvml_and_other_sources() -> None:
 _SERVE = Path(__file__).resolve().parents[2] / "exporter" / "proxy" / "serve.py"
 
 
+@pytest.mark.slow  # a subprocess: runs in the full suite
 @pytest.mark.skipif("check_source" not in _SERVE.read_text(), reason="serve.py does not call gpu.check_source yet")
 @pytest.mark.skipif(check_source("nvml") is None, reason="NVML works here (a driver is installed)")
 def test_serve_refuses_nvml_without_a_driver(tmp_path: Path) -> None:

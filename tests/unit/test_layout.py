@@ -14,15 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("exporter", "dashboards")
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports_in(path: Path) -> set[str]:
+def _imports_in(path: Path, root: Path = ROOT) -> set[str]:
     """Every module ``path`` imports, relative imports resolved, TYPE_CHECKING ones included."""
     mods: set[str] = set()
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             mods.update(a.name for a in node.names)
@@ -101,6 +102,37 @@ def test_dashboards_import_nothing_of_the_exporter() -> None:
     for path in (ROOT / "dashboards").rglob("*.py"):
         bad = {m for m in _imports_in(path) if m.split(".")[0] == "exporter"}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def _imports_of_the_other(tree: Path, other: str, root: Path = ROOT) -> list[str]:
+    """``path: module`` for every import, in the Python files under ``tree``, of a module of the
+    top-level package ``other`` (``import_module("...")`` with a literal name included)."""
+    found = []
+    for path in sorted(tree.rglob("*.py")):
+        mods = _imports_in(path, root)
+        mods |= {node.args[0].value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(("import_module", "__import__"))
+                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)}
+        found += [f"{path.relative_to(root)}: {m}" for m in sorted(mods) if m.split(".")[0] == other]
+    return found
+
+
+def test_tests_and_bench_import_nothing_of_each_other() -> None:
+    """What both need is the product's (exporter/) or written in each (a real vLLM: tests/ and
+    bench/vllm_engine.py); the fuzz campaign is the tests' (tests/fuzz/)."""
+    assert _imports_of_the_other(ROOT / "tests", "bench") == []
+    assert _imports_of_the_other(ROOT / "bench", "tests") == []
+
+
+def test_the_import_check_sees_each_spelling(tmp_path: Path) -> None:
+    bad = tmp_path / "bench"
+    bad.mkdir()
+    (bad / "a.py").write_text("import tests.helpers\nfrom tests.transcripts import CASES\n"
+                              "import importlib\nimportlib.import_module('tests.vllm_engine')\n"
+                              "from exporter.harness import stack\n")
+    assert _imports_of_the_other(bad, "tests", root=tmp_path) == [
+        "bench/a.py: tests.helpers", "bench/a.py: tests.transcripts", "bench/a.py: tests.vllm_engine"]
+    assert _imports_of_the_other(bad, "bench", root=tmp_path) == []
 
 
 def test_evidence_lives_in_the_exporter() -> None:

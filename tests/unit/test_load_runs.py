@@ -141,13 +141,19 @@ async def test_load_shows_requests_done_of_planned_per_cell(aiohttp_server: Any)
     # every read of this clock is 10 s later: each finished request is due a line
     async with Driver(f"http://127.0.0.1:{sim.port}", model="m", label="sglang", progress_stream=out,
                       progress_clock=Clock(10.0)) as driver:
-        await driver.run_plan(plan)
+        summary = await driver.run_plan(plan)
     lines = out.getvalue().splitlines()
-    for k in range(1, 8):
-        assert any(x.startswith(f"sglang c2: {k}/7 requests,") for x in lines), (k, lines)
-    assert any(x.startswith("sglang c2: 1/7 requests, warm-up,") for x in lines)
-    assert any(x.startswith("sglang c2: 7/7 requests, round 2/2, 0 failed") for x in lines)
+    # the warm-up is counted openly and apart: the table's 6 requests are the progress line's 6
+    assert any(x.startswith("sglang c2: 0/6 requests, warm-up 1/1, 0 failed") for x in lines), lines
+    for k in range(1, 7):
+        assert any(x.startswith(f"sglang c2: {k}/6 requests (+1 warm-up),") for x in lines), (k, lines)
+    assert not any("/7 requests" in x for x in lines)
+    assert any(x.startswith("sglang c2: 6/6 requests (+1 warm-up), round 2/2, 0 failed") for x in lines)
     assert any(x.startswith("sglang r: 2/2 requests, round 1/1, 0 failed") for x in lines)
+    table = round_table([summary])
+    assert re.search(r"sglang +c2 +6/6 ", table), table  # the same 6 requests as the progress line
+    assert "warm-up requests, sent before each cell's rounds and left out of this table" in table
+    assert "sglang c2 1" in table
 
 
 async def test_the_drivers_own_schedule_is_in_every_record(aiohttp_server: Any, tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ async def test_the_probe_idles_slowly_and_wakes_with_a_request(kind: str, monkey
         await _until(lambda: len(samples) >= asleep + 3)
         await asyncio.sleep(0.1)
         assert lag.armed  # still in flight: awake past the linger
-        lag.max_since(mark)  # the request is done
+        lag.release(mark)  # the request is done
         await _until(lambda: not lag.armed)
     finally:
         lag.stop()

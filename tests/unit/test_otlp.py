@@ -32,6 +32,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 
 from exporter.proxy.metrics import TTFT_BUCKETS  # noqa: E402
 from exporter.proxy.otlp import MAX_MODELS, MODEL_OTHER, OtlpObserver  # noqa: E402
+
 from tests.helpers import make_config, read_records, stream_events, wait_for_records  # noqa: E402
 from tests.transcripts import CASES  # noqa: E402
 

@@ -1,18 +1,26 @@
 """The sweep stage: load levels upwards until the SLO or the failed-rounds rule breaks
-(issue 11 item 6), against a simulated engine of known capacity."""
+(issue 11 item 6), against a simulated engine of known capacity.
+
+The sim and the load driver run on a virtual clock (tests/virtual_clock.py): every decode
+step takes exactly the model's time and every stamp is the loop's, so a level's TPOT is the
+model's whatever the machine is doing."""
 
 from __future__ import annotations
 
-import pytest
-
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+import pytest
 
 from exporter.harness.load import Driver
 from exporter.harness.plan import load_plan
 from exporter.harness.sim import build_params, create_sim_app
 from exporter.harness.tables import round_table
+
+from tests.virtual_clock import VirtualClockLoop, unix_site
 
 # A sim whose decode step takes 10 ms + 5 ms per running request: TPOT is 20, 30, 50 and 90 ms
 # at concurrency 2, 4, 8 and 16 (8 requests a level: the level's requests run together).  With a TPOT
@@ -34,26 +42,45 @@ stages:
 """
 
 
-async def _run(aiohttp_server: Any, tmp_path: Path, plan_text: str, **sim: Any) -> dict[str, Any]:
-    server = await aiohttp_server(create_sim_app(build_params("vllm", **sim)))
+def _run(tmp_path: Path, plan_text: str, **sim: Any) -> dict[str, Any]:
+    """The plan against a sim with ``sim``'s parameters, both on one virtual clock."""
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text(plan_text)
-    async with Driver(f"http://127.0.0.1:{server.port}", tmp_path / "out", model="m", label="vllm") as driver:
-        return await driver.run_plan(load_plan(plan_file))
+    sock = tmp_path / "sim.sock"
+
+    async def main() -> dict[str, Any]:
+        runner = await unix_site(create_sim_app(build_params("vllm", **sim)), sock)
+        try:
+            async with Driver("http://sim", tmp_path / "out", model="m", label="vllm",
+                              clock=asyncio.get_running_loop().time,
+                              connector=lambda: aiohttp.UnixConnector(path=str(sock), limit=0)) as driver:
+                return await driver.run_plan(load_plan(plan_file))
+        finally:
+            await runner.cleanup()
+
+    with asyncio.Runner(loop_factory=VirtualClockLoop) as run:
+        return run.run(main())
 
 
-@pytest.mark.slow  # a subprocess or a whole-tree tool: runs in the full suite
-async def test_concurrency_sweep_stops_where_the_slo_breaks(aiohttp_server: Any, tmp_path: Path) -> None:
-    summary = await _run(aiohttp_server, tmp_path, CONCURRENCY_SWEEP, **KNOWN_CAPACITY)
+def test_concurrency_sweep_stops_where_the_slo_breaks(tmp_path: Path) -> None:
+    summary = _run(tmp_path, CONCURRENCY_SWEEP, **KNOWN_CAPACITY)
     (sweep,) = summary["sweeps"]
     assert [lv["level"] for lv in sweep["levels"]] == [2, 4, 8]  # 16 never ran
     assert [lv["met"] for lv in sweep["levels"]] == [True, True, False]
+    assert [lv["goodput_ratio"] for lv in sweep["levels"]] == [1.0, 1.0, 0.0]
+    # on the virtual clock each level's TPOT is the model's (the first request of a level to end
+    # decodes its last step with one neighbour fewer)
+    records = [json.loads(line) for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
+    for level, model_s in ((2, 0.020), (4, 0.030), (8, 0.050)):
+        tpots = [r["tpot_s"] for r in records if r["scenario"] == f"cap-c{level}"]
+        assert len(tpots) == 8 and max(tpots) == pytest.approx(model_s, abs=1e-6), (level, tpots)
+        assert min(tpots) >= model_s - 0.005 / 7 - 1e-9, (level, tpots)
     assert sweep["best"]["level"] == 4 and sweep["best"]["scenario"] == "cap-c4"
-    assert sweep["best"]["goodput_ratio"] >= 0.75 and sweep["best"]["goodput_tok_s"] > 0
+    assert sweep["best"]["goodput_tok_s"] > 0
     ended = sweep["ended_by"]
-    assert ended["level"] == 8 and ended["reason"].startswith("goodput ratio ")
-    assert "below the target 0.75" in ended["reason"] and ended["skipped"] == ["cap-c16"]
-    assert ended["slo_results"]["tpot_missed"] >= 3 and ended["slo_results"]["failed"] == 0
+    assert ended["level"] == 8 and ended["reason"] == "goodput ratio 0.000 below the target 0.75"
+    assert ended["skipped"] == ["cap-c16"]
+    assert ended["slo_results"] == {"met": 0, "ttft_missed": 0, "tpot_missed": 8, "both_missed": 0, "failed": 0}
     assert [c["cell"]["concurrency"] for c in summary["cells"]] == [2, 4, 8]
     on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert on_disk["sweeps"][0]["best"]["level"] == 4
@@ -62,7 +89,7 @@ async def test_concurrency_sweep_stops_where_the_slo_breaks(aiohttp_server: Any,
     assert "ended at 8 concurrent: goodput ratio" in table and "tpot_missed" in table
 
 
-async def test_sweep_ended_by_failed_rounds_shows_the_failures(aiohttp_server: Any, tmp_path: Path) -> None:
+def test_sweep_ended_by_failed_rounds_shows_the_failures(tmp_path: Path) -> None:
     plan = """
 stages:
   - name: rates
@@ -73,7 +100,7 @@ stages:
       goodput_target: 0.1
       cell: {scenario: r, input_tokens: 4, output_tokens: 2, requests: 4, rounds: 3}
 """
-    summary = await _run(aiohttp_server, tmp_path, plan, speed=50.0, fault_http_500=1.0)
+    summary = _run(tmp_path, plan, speed=50.0, fault_http_500=1.0)
     (sweep,) = summary["sweeps"]
     assert sweep["best"] is None
     ended = sweep["ended_by"]
@@ -86,13 +113,13 @@ stages:
     assert "first error: http_status: HTTP 500" in table
 
 
-async def test_sweep_whose_every_level_meets_the_slo_says_so(aiohttp_server: Any, tmp_path: Path) -> None:
+def test_sweep_whose_every_level_meets_the_slo_says_so(tmp_path: Path) -> None:
     plan = """
 stages:
   - name: easy
     sweep: {over: concurrency, levels: [1, 2], cell: {scenario: e, input_tokens: 4, output_tokens: 2, requests: 2}}
 """
-    summary = await _run(aiohttp_server, tmp_path, plan, speed=50.0)
+    summary = _run(tmp_path, plan, speed=50.0)
     (sweep,) = summary["sweeps"]
     assert sweep["best"]["level"] == 2 and summary["stops"] == []
     assert sweep["ended_by"]["reason"].startswith("every level met the SLO")

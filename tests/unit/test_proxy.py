@@ -169,7 +169,7 @@ async def test_secrets_never_reach_disk(upstream, proxy_factory, tmp_path: Path)
         await resp.read()
     assert all(s["headers"]["Authorization"] == f"Bearer {secret}" for s in up.seen)  # forwarded
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
-    assert len(files) == 2 + 2 * len(bodies)  # requests, scenarios, and a pair per capture
+    assert len(files) == 3 + 2 * len(bodies)  # requests, scenarios, engines, and a pair per capture
     for p in files:
         assert secret.encode() not in p.read_bytes(), p
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from exporter.proxy.stamped import SO_TIMESTAMPNS
+
 from tests.helpers import wait_for_records
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-
-
 from tests.helpers import read_records, stream_events
 
 REQ = {"prompt": "x", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from dashboards.boards import GENERATED, build_all, render_json
@@ -28,6 +29,7 @@ def test_generated_rules_are_fresh() -> None:
     assert RULES_FILE.read_text() == render_rules(), "run: python -m dashboards --rules"
 
 
+@pytest.mark.slow  # promtool: a process of its own
 def test_promtool_check_config_and_rules(tmp_path: Path) -> None:
     require_prometheus()
     r = _run("promtool", "check", "rules", str(RULES_FILE))
@@ -39,6 +41,7 @@ def test_promtool_check_config_and_rules(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow  # promtool: a process of its own
 def test_promtool_rule_unit_tests() -> None:
     require_prometheus()
     r = _run("promtool", "test", "rules", str(PROM / "tests" / "llmbench.test.yml"))

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -134,6 +135,7 @@ sys.stdout.write(generate_latest(merged).decode())
 """
 
 
+@pytest.mark.slow  # a subprocess (the multiprocess mode's values live per process): runs in the full suite
 def test_timestamps_in_multiprocess_mode(tmp_path: Path) -> None:
     """Under ``serve --workers N`` the gauges aggregate across workers (mode ``max``)."""
     mp = tmp_path / "mp"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import re
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from exporter.harness.load import Cell, Driver, Plan, Stage, load_plan
 from exporter.harness.sim import build_params, count_prompt_tokens, create_sim_app
 
 from tests.helpers import INTENDED, read_records
+
 
 @pytest.mark.parametrize("profile", ["vllm", "sglang"])
 @pytest.mark.parametrize("chat", [False, True])
@@ -205,7 +206,6 @@ async def test_load_cli(aiohttp_server: Any, tmp_path: Path) -> None:
 @pytest.mark.parametrize("stream", [True, False])
 async def test_sim_is_quiet_when_a_client_hangs_up(caplog: pytest.LogCaptureFixture, stream: bool) -> None:
     """A client that leaves mid-answer is an everyday event for an engine: no traceback."""
-    import asyncio
     import logging
 
     from aiohttp import web

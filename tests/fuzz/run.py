@@ -1,8 +1,8 @@
 """Run the fuzz campaign of the measuring core for N seconds.
 
-    python bench/fuzz/run.py --seconds 3600             # coverage-guided + grammar, side by side
-    python bench/fuzz/run.py --seconds 60 --mode grammar --jobs 4
-    python bench/fuzz/run.py --seconds 60 --mode mutate  # the fallback where atheris is missing
+    python tests/fuzz/run.py --seconds 3600             # coverage-guided + grammar, side by side
+    python tests/fuzz/run.py --seconds 60 --mode grammar --jobs 4
+    python tests/fuzz/run.py --seconds 60 --mode mutate  # the fallback where atheris is missing
 
 ``coverage`` runs :func:`targets.check_bytes` under atheris (libFuzzer, coverage-guided) when
 it is installed, else under ``mutate``: plain random mutation (bit flips, splices, inserted SSE
@@ -70,7 +70,7 @@ def _record(findings: Path, kind: str, data: bytes) -> None:
 
 def worker(mode: str, seconds: float, seed: int, findings: Path) -> tuple[int, int]:
     """(executions, findings) of one process running ``mode`` for ``seconds``."""
-    from bench.fuzz import targets
+    from tests.fuzz import targets
 
     rng = random.Random(seed)
     corpus = seeds()
@@ -104,7 +104,7 @@ def atheris_child(argv: list[str]) -> None:
     import atheris
 
     with atheris.instrument_imports():
-        from bench.fuzz import targets
+        from tests.fuzz import targets
     atheris.Setup(argv, targets.check_bytes)
     atheris.Fuzz()
 

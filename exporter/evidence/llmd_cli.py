@@ -1,0 +1,54 @@
+"""``evidence report --format llm-d --records DIR --out DIR``: the command around :mod:`.llmd`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "cmd_report", "FORMATS"]
+
+FORMATS = ("llm-d",)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .llmd import write_reports
+    from .merge import MergeError, load_records
+    from .outdir import OutDirError, check_out, prepare_out
+    from .runs import RunError, select_run
+
+    records_dir, out = Path(args.records), Path(args.out)
+    try:
+        check_out(out, args.force)
+        records = select_run(load_records(records_dir), args.run)
+        if not records:
+            raise MergeError(f"no records in {records_dir}")
+        prepare_out(out, args.force)
+        manifest = write_reports(records_dir, out, records)
+    except (MergeError, OutDirError, RunError) as exc:
+        print(f"evidence: {exc}", file=sys.stderr)
+        return 2
+    if not manifest["reports"]:
+        print(f"evidence: no rounds in {records_dir} (warm-ups are left out)", file=sys.stderr)
+        return 2
+    for line in manifest.get("warnings") or []:
+        print(line, file=sys.stderr)
+    runs = {r["run_id"] for r in manifest["reports"]}
+    print(f"{len(manifest['reports'])} llm-d benchmark reports (schema {manifest['schema_version']}) of "
+          f"{len(runs)} run{'s' if len(runs) != 1 else ''} in {out} (manifest.json beside them)")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    r = sub.add_parser("report", help="write the records as reports in a shared format: one llm-d Benchmark "
+                                      "Report per run, engine, scenario and round")
+    r.add_argument("--format", required=True, choices=FORMATS,
+                   help="llm-d: the llm-d Benchmark Report, version 0.2.1 (JSON), which llm-d's tools compare")
+    r.add_argument("--records", required=True, metavar="DIR",
+                   help="the proxy's records directory (requests.jsonl, and engines.jsonl for the engines' identity)")
+    r.add_argument("--out", required=True, metavar="DIR", help="output directory; must be new or empty")
+    r.add_argument("--force", action="store_true", help="clear a non-empty --out first (default: refuse it)")
+    r.add_argument("--run", metavar="ID", help="only this run (a run_id; default: every run, each in reports of "
+                                               "its own)")
+    r.set_defaults(func=cmd_report)

@@ -1,0 +1,371 @@
+"""Who the engines are, and whether they are up: a light probe beside the measured path.
+
+One background task per engine (started with the app, or once in ``serve``'s supervisor for
+all its workers) asks the engine, through the proxy's own upstream client
+(:mod:`exporter.proxy.upstream`), but never on a measured request's way:
+
+* ``GET /health`` at most once a second: an answer below 500 is up; a refused or broken
+  connection, a 5xx or no answer within :data:`HEALTH_TIMEOUT_S` is down, so an engine that
+  stops answering reads down within 5 s;
+* what it is, at start and whenever it comes back after being down: SGLang answers
+  ``GET /server_info`` (``/get_server_info`` in older builds: its version and every server
+  argument) and ``GET /model_info``; vLLM ``GET /version`` (and, started with
+  ``VLLM_SERVER_DEV_MODE=1``, its whole config on ``/server_info``); both ``GET /v1/models``
+  (``id``, ``root``, ``max_model_len``).  An engine that answers neither is ``unknown``;
+* the time to ready of a start the proxy saw (down, then up): from the engine's own
+  ``process_start_time_seconds`` (its ``/metrics``) when that process started after the proxy
+  last saw it up, else from the first probe that found it down.
+
+Every argument whose name contains ``key``, ``token``, ``secret`` or ``password`` is replaced by
+``"<redacted>"`` (:func:`redact`) before it is kept, so no output can carry it.  Each change
+(an identity, a down, an up) is one line of ``engines.jsonl`` beside ``scenarios.jsonl``, with
+the run's id.  ``GET /-/engines`` answers :meth:`EngineWatch.snapshot`; the metrics are
+:class:`exporter.proxy.metrics.EngineCollector`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from yarl import URL
+
+from exporter import __version__
+from exporter.core.timefmt import iso
+
+from .config import Config
+from .records import JsonlWriter
+from .upstream import Pool, origin_of, request_head
+
+__all__ = ["EngineWatch", "EngineView", "redact", "REDACTED", "PROBE_USER_AGENT", "PROBE_INTERVAL_S",
+           "HEALTH_TIMEOUT_S", "LOG_NAME", "identity_of"]
+
+log = logging.getLogger("llmbench.engines")
+
+PROBE_INTERVAL_S = 1.0
+#: a probe with no answer by then reads down: at most 1 s between probes + this < 5 s
+HEALTH_TIMEOUT_S = 3.5
+IDENTITY_TIMEOUT_S = 10.0
+#: the probes' User-Agent: an engine's access log (and a test's upstream) can tell them apart
+PROBE_USER_AGENT = f"llm-bench-exporter/{__version__} engine-probe"
+_HEADERS = ((b"User-Agent", PROBE_USER_AGENT.encode()), (b"Accept", b"application/json"))
+REDACTED = "<redacted>"
+_SECRET = re.compile(r"key|token|secret|password", re.IGNORECASE)
+_START = re.compile(rb"^process_start_time_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+#: the file beside ``scenarios.jsonl``
+LOG_NAME = "engines.jsonl"
+#: what names an engine's identity (a change of any is a new ``identity`` line)
+IDENTITY_KEYS = ("kind", "version", "model", "root", "max_model_len", "server_args", "model_info")
+
+
+def redact(value: Any) -> Any:
+    """``value`` with every argument whose name contains key, token, secret or password (any
+    case) replaced by ``"<redacted>"``, at any depth; in a list of command-line words
+    (``["--api-key", "x"]`` or ``"--api-key=x"``) the value that follows such a flag too."""
+    if isinstance(value, dict):
+        return {k: REDACTED if _SECRET.search(str(k)) else redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        out: list[Any] = []
+        hide_next = False
+        for item in value:
+            if hide_next:
+                out.append(REDACTED)
+                hide_next = False
+            elif isinstance(item, str) and item.startswith("-") and _SECRET.search(item.split("=", 1)[0]):
+                hide_next = "=" not in item
+                out.append(item.split("=", 1)[0] + "=" + REDACTED if "=" in item else item)
+            else:
+                out.append(redact(item))
+        return out
+    return value
+
+
+@dataclass
+class EngineView:
+    """What the proxy knows of one engine (``GET /-/engines`` shows it)."""
+
+    name: str
+    upstream: str
+    base_url: str = field(repr=False)
+    up: bool = False
+    kind: str = "unknown"
+    version: str | None = None
+    model: str | None = None
+    root: str | None = None
+    max_model_len: int | None = None
+    server_args: dict[str, Any] | None = None
+    model_info: dict[str, Any] | None = None
+    ready_at: float | None = None  # when the proxy saw it up (this time)
+    checked_at: float | None = None  # the last health probe
+    identified_at: float | None = None
+    down_since: float | None = None  # the first probe that found it down (this time)
+    last_up_at: float | None = None  # the last probe that found it up
+    time_to_ready_s: float | None = None  # of the last start the proxy saw
+    ready_from: str | None = None  # "process_start" or "down_seen"
+    restarts: int = 0  # down, then up again, seen by the proxy
+    detail: str | None = None  # why the last probe found it down
+
+    def public(self) -> dict[str, Any]:
+        keys = ("name", "upstream", "up", "kind", "version", "model", "root", "max_model_len", "server_args",
+                "model_info", "ready_at", "checked_at", "down_since", "time_to_ready_s", "ready_from", "restarts",
+                "detail")
+        return {k: getattr(self, k) for k in keys}
+
+    def identity(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in IDENTITY_KEYS}
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def _is_sglang(info: Any) -> bool:
+    return isinstance(info, dict) and isinstance(info.get("version"), str) and (
+        "model_path" in info or "tp_size" in info)
+
+
+def _first_model(models: Any) -> dict[str, Any]:
+    data = models.get("data") if isinstance(models, dict) else None
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    return first
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def identity_of(server_info: Any, version: Any, models: Any, model_info: Any) -> dict[str, Any]:
+    """The identity in the engines' answers (each None where it did not answer in JSON):
+    ``server_info`` (``/server_info`` or ``/get_server_info``), ``version`` (``/version``),
+    ``models`` (``/v1/models``), ``model_info`` (``/model_info``); redacted."""
+    first = _first_model(models)
+    out: dict[str, Any] = {"kind": "unknown", "version": None, "model": first.get("id"), "root": first.get("root"),
+                           "max_model_len": _int(first.get("max_model_len")), "server_args": None,
+                           "model_info": None}
+    if _is_sglang(server_info):
+        args = {k: v for k, v in server_info.items() if k not in ("version", "internal_states")}
+        out.update(kind="sglang", version=server_info["version"], server_args=redact(args),
+                   model_info=redact(model_info) if isinstance(model_info, dict) else None)
+        out["model"] = out["model"] or args.get("served_model_name") or args.get("model_path")
+        out["root"] = out["root"] or args.get("model_path")
+        out["max_model_len"] = out["max_model_len"] or _int(args.get("context_length"))
+    elif isinstance(version, dict) and isinstance(version.get("version"), str):
+        out.update(kind="vllm", version=version["version"])
+        if isinstance(server_info, dict) and "vllm_config" in server_info:  # VLLM_SERVER_DEV_MODE=1
+            out["server_args"] = redact({"vllm_config": server_info["vllm_config"]})
+    for key in ("model", "root"):
+        if not isinstance(out[key], str):
+            out[key] = None
+    return out
+
+
+class EngineWatch:
+    """The probes of every configured engine, their state, and ``engines.jsonl``.
+
+    ``run_id`` None: no ``engines.jsonl`` (no run to name)."""
+
+    def __init__(self, config: Config, run_id: str | None, interval_s: float = PROBE_INTERVAL_S) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.interval_s = interval_s
+        self.views = {e.name: EngineView(e.name, e.display_url, e.base_url) for e in config.engines}
+        self.pool: Pool | None = None
+        self._log: JsonlWriter | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._identified: set[str] = set()  # engines with an identity line in this run
+        self._jobs: dict[str, asyncio.Task[None]] = {}  # per engine: asking it what it is
+        self._refine: dict[str, tuple[float, float | None]] = {}  # a start to time: (ready, last up before)
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self, pool: Pool) -> None:
+        """One probe task per engine on ``pool``; the run's first line of ``engines.jsonl``."""
+        self.pool = pool
+        if self.run_id is not None:
+            self._log = JsonlWriter(self.config.records_dir / LOG_NAME)
+            self._write("start", None, engines=[{"name": v.name, "upstream": v.upstream} for v in self.views.values()],
+                        proxy=self.proxy())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._watch(v), name=f"engine-watch-{v.name}") for v in self.views.values()]
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *self._jobs.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks, self._jobs = [], {}
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # -- what it knows -----------------------------------------------------------------------
+
+    def proxy(self) -> dict[str, Any]:
+        return {"version": __version__, "config_sha256": self.config.config_sha256, "run_id": self.run_id}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every view's fields (the metrics read them)."""
+        return [vars(v) for v in self.views.values()]
+
+    def snapshot(self) -> dict[str, Any]:
+        """``GET /-/engines``: every engine's view, the proxy's version, config hash and run."""
+        return {"engines": [v.public() for v in self.views.values()], "proxy": self.proxy(), "run_id": self.run_id}
+
+    # -- the probes --------------------------------------------------------------------------
+
+    async def _watch(self, view: EngineView) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            try:
+                await self.probe(view)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one odd answer stop the watch
+                log.exception("engine %s: probe failed", view.name)
+            await asyncio.sleep(max(0.0, self.interval_s - (loop.time() - began)))
+
+    async def probe(self, view: EngineView) -> None:
+        """One health probe; on a change of state, what follows from it.  Asking the engine what
+        it is runs beside the probes (a slow answer never holds up the next health probe)."""
+        status, detail = await self._health(view)
+        now = time.time()
+        view.checked_at = round(now, 3)
+        if status is not None and status < 500:
+            if not view.up:
+                self._went_up(view, now)
+            view.last_up_at = now
+            job = self._jobs.get(view.name)
+            if view.identified_at is None and (job is None or job.done()):
+                self._jobs[view.name] = asyncio.get_running_loop().create_task(self._ask(view, now))
+        elif view.up or view.down_since is None:
+            self._went_down(view, now, detail if status is None else f"HTTP {status} on /health")
+
+    async def get(self, view: EngineView, path: str, timeout_s: float = IDENTITY_TIMEOUT_S) -> tuple[int, bytes] | None:
+        """``GET path`` on the engine: (status, body), or None with no answer."""
+        assert self.pool is not None, "the watch has not started"
+        url = URL(view.base_url + path)
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self.pool.request(origin_of(url), request_head("GET", url, _HEADERS, 0), b"")
+                try:
+                    body = await resp.read()
+                finally:
+                    resp.release()
+        except (OSError, TimeoutError):  # UpstreamConnectError and UpstreamClosed are OSErrors
+            return None
+        return resp.status, body
+
+    async def _health(self, view: EngineView) -> tuple[int | None, str | None]:
+        assert self.pool is not None, "the watch has not started"
+        url = URL(view.base_url + "/health")
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                resp = await self.pool.request(origin_of(url), request_head("GET", url, _HEADERS, 0), b"")
+                try:
+                    await resp.read()
+                finally:
+                    resp.release()
+        except TimeoutError:
+            return None, f"no answer to /health within {HEALTH_TIMEOUT_S:g} s"
+        except OSError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        return resp.status, None
+
+    async def _json_get(self, view: EngineView, path: str, answered: list[bool]) -> Any:
+        """The JSON of a 200 answer to ``GET path`` (None otherwise); ``answered`` notes any answer."""
+        got = await self.get(view, path)
+        answered.append(got is not None)
+        return _json(got[1]) if got is not None and got[0] == 200 else None
+
+    async def _ask(self, view: EngineView, now: float) -> None:
+        try:
+            await self._identify(view, now)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # an answer of a shape nobody foresaw: asked again at the next probe
+            log.exception("engine %s: asking what it is failed", view.name)
+
+    async def _identify(self, view: EngineView, now: float) -> None:
+        answered: list[bool] = []
+        info = await self._json_get(view, "/server_info?config_format=json", answered)
+        if not _is_sglang(info):
+            older = await self._json_get(view, "/get_server_info", answered)
+            info = older if _is_sglang(older) else info
+        sglang = _is_sglang(info)
+        version = None if sglang else await self._json_get(view, "/version", answered)
+        model_info = await self._json_get(view, "/model_info", answered) if sglang else None
+        models = await self._json_get(view, "/v1/models", answered)
+        if not any(answered):
+            return  # gone again: asked again at the next probe that finds it up
+        found = identity_of(info, version, models, model_info)
+        changed = found != view.identity() or view.name not in self._identified
+        for key, value in found.items():
+            setattr(view, key, value)
+        view.identified_at = now
+        self._identified.add(view.name)
+        if changed:
+            self._write("identity", view, upstream=view.upstream, **found)
+            log.info("engine %s is %s %s, model %s", view.name, view.kind, view.version or "(no version)",
+                     view.model or "(none)")
+        refine = self._refine.pop(view.name, None)
+        if refine is not None:
+            await self._ready_from_process(view, *refine)
+
+    def _went_up(self, view: EngineView, now: float) -> None:
+        seen_down = view.down_since is not None
+        view.up, view.ready_at, view.identified_at, view.detail = True, round(now, 3), None, None
+        if seen_down:
+            view.restarts += 1 if view.last_up_at is not None else 0
+            view.time_to_ready_s, view.ready_from = round(now - float(view.down_since or now), 3), "down_seen"
+            self._refine[view.name] = (now, view.last_up_at)
+        view.down_since = None
+        self._write("up", view, ready_at=view.ready_at, seen_down=seen_down, time_to_ready_s=view.time_to_ready_s,
+                    ready_from=view.ready_from if seen_down else None)
+        log.info("engine %s is up%s", view.name,
+                 f" (ready {view.time_to_ready_s:.1f} s after the proxy saw it down)" if seen_down else "")
+
+    def _went_down(self, view: EngineView, now: float, detail: str | None) -> None:
+        view.up, view.down_since, view.detail = False, round(now, 3), detail
+        view.time_to_ready_s = view.ready_from = None
+        job = self._jobs.pop(view.name, None)
+        if job is not None:
+            job.cancel()  # what it would learn is of the engine that just went away
+        self._refine.pop(view.name, None)
+        self._write("down", view, detail=detail)
+        log.warning("engine %s is down: %s", view.name, detail)
+
+    async def _ready_from_process(self, view: EngineView, ready: float, last_up: float | None) -> None:
+        got = await self.get(view, "/metrics")
+        m = _START.search(got[1]) if got is not None and got[0] == 200 else None
+        if m is None:
+            return
+        started = float(m.group(1))
+        if not started <= ready or (last_up is not None and started <= last_up) or view.ready_at != round(ready, 3):
+            return  # the process is older than the last time it was up: no start of ours to time
+        view.time_to_ready_s, view.ready_from = round(ready - started, 3), "process_start"
+        self._write("ready", view, time_to_ready_s=view.time_to_ready_s, ready_from="process_start",
+                    process_start=started)
+
+    def _write(self, event: str, view: EngineView | None, **fields: Any) -> None:
+        if self._log is None:
+            return
+        now = time.time()
+        line: dict[str, Any] = {"event": event, "run_id": self.run_id, "time": iso(now, ms=True), "unix": round(now, 3)}
+        if view is not None:
+            line["engine"] = view.name
+        try:
+            self._log.write({**line, **fields})
+        except (OSError, ValueError) as exc:  # a full disk must not stop the watch
+            log.warning("%s: %s", self.config.records_dir / LOG_NAME, exc)

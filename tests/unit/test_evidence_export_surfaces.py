@@ -1,0 +1,220 @@
+"""Issue 27 / SPEC 22: ``evidence export`` never mixes runs, says so when the proxies' boards are
+empty (exit 3, files written), and gives a one-round window's exact totals from the counters.
+
+Prometheus is a stand-in object here (no process): it answers each query from a table, and keeps
+the queries it was asked."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.evidence import cli as evidence_cli
+from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.counts import covering
+from exporter.evidence.windows import WindowError, parse_window
+
+RUN_1, RUN_2 = "20261201T090000Z-aaaaaa", "20261201T100000Z-bbbbbb"
+NOW = time.time()
+T0 = float(int(NOW) - 3600)  # an hour ago: every window lies in the past
+
+
+class FakeProm:
+    """A Prometheus query API from a table: ``ranges`` (substring of a panel query -> a value for
+    each of its points), ``counts`` (substring of a counter query -> {engine: value}) and ``jobs``
+    (the jobs with llmbench_ series)."""
+
+    url = "http://prometheus.test"
+    header_names: list[str] = []
+
+    def __init__(self, ranges: dict[str, float] | None = None, counts: dict[str, dict[str, float]] | None = None,
+                 jobs: list[str] | None = None) -> None:
+        self.ranges = ranges or {}
+        self.counts = counts or {}
+        self.jobs = jobs or []
+        self.extra_params: dict[str, str] = {}
+        self.asked: list[tuple[str, float | None]] = []
+
+    def backend(self) -> dict[str, Any]:
+        return {"name": "Prometheus", "version": "3.1.0", "revision": "test", "how": "status/buildinfo"}
+
+    def buildinfo(self) -> dict[str, Any]:
+        return {"version": "3.1.0"}
+
+    def scrape_intervals(self) -> dict[str, float]:
+        return {"llmbench-exporter": 5.0}
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        self.asked.append((expr, at))
+        if '__name__=~"llmbench_.+"' in expr:
+            return [{"metric": {"job": j}, "value": [at, "1"]} for j in self.jobs]
+        for key, per_engine in self.counts.items():
+            if key in expr:
+                return [{"metric": {"engine": e}, "value": [at, str(v)]} for e, v in per_engine.items()]
+        return []
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        for key, value in self.ranges.items():
+            if key in expr:
+                return [{"metric": {"engine": "vllm"}, "values": [[start, str(value)], [end, str(value)]]}]
+        return []
+
+
+def _records(path: Path, events: list[dict[str, Any]], records: list[dict[str, Any]] | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "scenarios.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records or []))
+    return path
+
+
+def _event(run: str | None, t: float, scenario: str | None, rnd: int | None, engines: tuple[str, ...] = ("vllm",)
+           ) -> dict[str, Any]:
+    ev = {"unix": t, "engines": list(engines), "scenario": scenario, "round": rnd}
+    if run is not None:
+        ev["run_id"] = run
+    return ev
+
+
+def _closed(run: str, t0: float, n: int = 16) -> list[dict[str, Any]]:
+    """A closed loop of 4 clients, batches of 1 s back to back."""
+    return [{"id": f"{run}-{i}", "run_id": run, "engine": "vllm", "scenario": "short-c4", "round": 1,
+             "start_unix": t0 + (i // 4) * 1.0, "e2e_s": 1.0, "ttft_s": 0.1, "tpot_s": 0.01,
+             "completion_tokens": 128, "outcome": "success", "reason": None} for i in range(n)]
+
+
+def _two_runs(tmp: Path) -> Path:
+    """The quick start after a proxy restart: round 1 of short-c4 in run 1 and again in run 2."""
+    events = [_event(RUN_1, T0, "short-c4", 1), _event(RUN_1, T0 + 8, None, None),
+              _event(RUN_2, T0 + 100, "short-c4", 1), _event(RUN_2, T0 + 121, None, None)]
+    return _records(tmp / "run", events, _closed(RUN_1, T0) + _closed(RUN_2, T0 + 100))
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeProm:
+    prom = FakeProm()
+    monkeypatch.setattr(evidence_cli, "_prom", lambda args: prom)
+    return prom
+
+
+def test_a_round_held_by_two_runs_is_refused_unless_run_picks_one(tmp_path: Path, fake: FakeProm,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 27: after a proxy restart, `scenario:short-c4#1` spanned run 1's start to run 2's end."""
+    d = _two_runs(tmp_path)
+    args = ["export", "--prometheus", fake.url, "--records", str(d), "--boards", "comparison"]
+    for window in ("scenario:short-c4#1", "scenario:short-c4", "scenario:short-c4#1:steady"):
+        assert evidence_main([*args, "--window", window, "--out", str(tmp_path / "x")]) == 2, window
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and RUN_1 in err and RUN_2 in err and "--run" in err, err
+        assert not (tmp_path / "x").exists()
+    w = parse_window("scenario:short-c4#1", records=d, run=RUN_2)
+    assert (w.start, w.end) == (T0 + 100, T0 + 121) and w.run == RUN_2 and RUN_2 in w.source
+    w1 = parse_window("scenario:short-c4#1", records=d, run=RUN_1)
+    assert (w1.start, w1.end) == (T0, T0 + 8)
+    steady = parse_window("scenario:short-c4#1:steady", records=d, run=RUN_2)
+    assert T0 + 100 <= steady.start < steady.end <= T0 + 104
+    out = tmp_path / "ok"
+    assert evidence_main([*args, "--window", "scenario:short-c4#1", "--run", RUN_2, "--out", str(out)]) in (0, 3)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["window"]["run"] == RUN_2 and manifest["window"]["start"] == T0 + 100
+
+
+def test_run_is_checked_and_only_where_records_are_read(tmp_path: Path, fake: FakeProm,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    d = _two_runs(tmp_path)
+    base = ["export", "--prometheus", fake.url, "--out", str(tmp_path / "x")]
+    cases = [(["--records", str(d), "--window", "scenario:short-c4#1", "--run", "nope"], "runs there"),
+             (["--records", str(d), "--window", "scenario:short-c4#1:steady", "--run", "nope"], "runs there"),
+             (["--records", str(d), "--window", "last:5m", "--run", RUN_1], "reads no records"),
+             (["--window", "scenario:short-c4#1", "--run", RUN_1], "add --records")]
+    for extra, message in cases:
+        assert evidence_main([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_restart_that_left_a_round_announced_ends_it_at_the_next_run(tmp_path: Path) -> None:
+    events = [_event(RUN_1, T0, "short-c4", 1), _event(RUN_2, T0 + 100, "short-c8", 1)]
+    d = _records(tmp_path / "r", events)
+    w = parse_window("scenario:short-c4#1", records=d)
+    assert (w.start, w.end) == (T0, T0 + 100) and w.run == RUN_1
+    old = _records(tmp_path / "old", [_event(None, T0, "short-c4", 1), _event(None, T0 + 5, None, None)])
+    assert parse_window("scenario:short-c4#1", records=old).run == "unknown"
+    with pytest.raises(WindowError, match="unknown scenario"):
+        parse_window("scenario:short-c8#1", records=d, run=RUN_1)
+
+
+def test_an_export_whose_proxy_panels_are_all_empty_exits_3_with_its_files(tmp_path: Path, fake: FakeProm,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 27: `--job WRONG` exited 0 with 58 files, the engines' own panels having data."""
+    fake.ranges = {'job="vllm"': 1.0}  # the engine-internals board finds the engine's series
+    fake.jobs = ["llmbench-exporter", "vllm"]
+    out = tmp_path / "wrong"
+    window = f"{T0:.0f},{T0 + 600:.0f}"
+    rc = evidence_main(["export", "--prometheus", fake.url, "--window", window, "--out", str(out), "--job", "WRONG",
+                        "--boards", "comparison", "internals"])
+    captured = capsys.readouterr()
+    assert rc == 3
+    assert captured.err.count("\n") == 1 and captured.err.startswith("evidence: ")
+    assert '{job="WRONG"}' in captured.err and "'llmbench-exporter'" in captured.err
+    assert "pass --job llmbench-exporter" in captured.err and "Traceback" not in captured.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["no_series"] and (out / "EVIDENCE.md").exists() and len(manifest["files"]) > 10
+    assert "**No series:" in (out / "EVIDENCE.md").read_text()
+    # the proxies' series under the job asked for: exit 0
+    fake.ranges = {'job="vllm"': 1.0, 'job="llmbench-exporter"': 2.0}
+    assert evidence_main(["export", "--prometheus", fake.url, "--window", window, "--out", str(tmp_path / "ok"),
+                          "--boards", "comparison"]) == 0
+    assert json.loads((tmp_path / "ok" / "manifest.json").read_text())["no_series"] is None
+    # nothing anywhere: exit 3 too, and the line says no job has them
+    fake.ranges, fake.jobs = {}, []
+    assert evidence_main(["export", "--prometheus", fake.url, "--window", window, "--out", str(tmp_path / "none"),
+                          "--boards", "gpu"]) == 3
+    err = capsys.readouterr().err
+    assert "no llmbench_ series under any job" in err and err.count("\n") == 1
+
+
+def test_one_round_window_gives_round_totals_from_the_counters(tmp_path: Path, fake: FakeProm,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 27: for an 8 s round the throughput panel (a 1-minute rate) showed 40 tok/s against
+    1,167 tok/s in the records, with no word why."""
+    events = [_event(RUN_1, T0, "short-c4", 1, ("vllm", "sglang")), _event(RUN_1, T0 + 8, None, None, ("vllm",)),
+              _event(RUN_1, T0 + 10, None, None, ("sglang",))]
+    d = _records(tmp_path / "run", events)
+    fake.ranges = {'job="llmbench-exporter"': 40.0}
+    fake.counts = {'llmbench_output_tokens_total{job="llmbench-exporter", scenario="short-c4", engine="vllm", '
+                   'outcome="success"}': {"vllm": 9336.0},
+                   'llmbench_requests_total{job="llmbench-exporter", scenario="short-c4", engine="vllm", '
+                   'outcome="success"}': {"vllm": 72.0},
+                   'llmbench_requests_total{job="llmbench-exporter", scenario="short-c4", engine="vllm"}':
+                       {"vllm": 73.0},
+                   'scenario="short-c4", engine="sglang"': {"sglang": 0.0}}
+    out = tmp_path / "ev"
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
+                          "--out", str(out), "--boards", "comparison"]) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    totals = manifest["round_totals"]
+    assert set(totals) == {"vllm", "sglang"}
+    v = totals["vllm"]
+    assert (v["requests"], v["successes"], v["output_tokens"]) == (73, 72, 9336)
+    assert v["output_tokens_per_s"] == pytest.approx(9336 / 8.0) and v["announced_s"] == pytest.approx(8.0)
+    assert totals["sglang"]["announced_s"] == pytest.approx(10.0) and totals["sglang"]["requests"] == 0
+    # counted from the scrape before the announced start to a scrape after its end
+    span = covering(T0, T0 + 8, 5.0)
+    assert (v["counted_from"], v["counted_to"]) == (span.baseline, span.at)
+    assert any("llmbench_requests_total" in e and at == span.at for e, at in fake.asked)
+    md = (out / "EVIDENCE.md").read_text()
+    assert "## Round totals" in md and "| vllm | 73 | 72 | 9336 | 1167.0 |" in md
+    throughput = md.split("### Successful output throughput")[1].split("###")[0]
+    assert "1m rates over a 10.0 s window" in throughput and "round totals" in throughput  # both engines' span
+    assert manifest["rate_note"] and "1167.0 tok/s" in printed
+    # a window that is no one round has none
+    assert evidence_main(["export", "--prometheus", fake.url, "--window", f"{T0:.0f},{T0 + 600:.0f}",
+                          "--out", str(tmp_path / "long"), "--boards", "comparison"]) == 0
+    long = json.loads((tmp_path / "long" / "manifest.json").read_text())
+    assert "round_totals" not in long and long["rate_note"] is None
+    assert "Drawn from" not in (tmp_path / "long" / "EVIDENCE.md").read_text()
