@@ -32,13 +32,14 @@ from exporter.core.jsondepth import as_utf8, blank_escapes, loads_exact, low_poi
 __all__ = ["MAX_MEMBERS", "MAX_MODEL_CHARS", "RequestSpec", "top_level_members"]
 
 #: Members read from the request; all others are skipped unread.
-WANTED = frozenset({"model", "stream", "stream_options", "ignore_eos", "max_tokens", "max_completion_tokens"})
+WANTED = frozenset({"model", "stream", "stream_options", "ignore_eos", "max_tokens", "max_completion_tokens",
+                     "return_token_ids"})
 #: A model name longer than this (characters) is not recorded.
 MAX_MODEL_CHARS = 1024
 #: Top-level members the scan reads one by one before it jumps between possible wanted keys.
 MAX_MEMBERS = 1024
 # What any spelling of a wanted key contains: its name's start, or an escaped character.
-_SPELLINGS = (b"model", b"stream", b"ignore_eos", b"max_", b"\\u00")
+_SPELLINGS = (b"model", b"stream", b"ignore_eos", b"max_", b"return_", b"\\u00")
 _JUMP_BACK = 256  # bytes before such a spelling where reading resumes (a wanted key is <= 128)
 _JUMP_MEMBERS = 64  # members read after a jump
 _JUMPS = 256  # jumps before the body is parsed whole

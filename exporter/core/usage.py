@@ -1,7 +1,8 @@
-"""Usage for clients that do not ask for it.
+"""Usage for clients that do not ask for it, and the engine's output token ids.
 
 :func:`inject_usage` adds ``stream_options.include_usage = true`` to a streaming request that
-lacks it, without re-serializing the body; :class:`UsageEventFilter` then leaves the
+lacks it, without re-serializing the body (:func:`ask_token_ids` adds vLLM's
+``return_token_ids: true`` the same way); :class:`UsageEventFilter` then leaves the
 usage-only event out of what the client receives and passes every other byte unchanged.
 Both are pure and incremental; neither holds more than one event.
 """
@@ -14,7 +15,7 @@ import sys
 from exporter.core.jsondepth import json_encoding, loads
 from exporter.core.request import RequestSpec, top_level_members
 
-__all__ = ["inject_usage", "UsageEventFilter", "is_usage_only"]
+__all__ = ["inject_usage", "ask_token_ids", "append_member", "UsageEventFilter", "is_usage_only"]
 
 _WS = b" \t\r\n"
 _BOM = b"\xef\xbb\xbf"
@@ -38,14 +39,36 @@ def inject_usage(body: bytes, spec: RequestSpec) -> bytes | None:
     duplicate key, before pydantic validates it.  The other keys of the client's
     ``stream_options`` are copied into the new one.
     """
-    if not spec.stream or spec.wants_usage or json_encoding(body) not in ("utf-8", "utf-8-sig"):
-        return None  # (a UTF-16 or UTF-32 body would need the member in its own encoding)
-    members = top_level_members(body)
+    if not spec.stream or spec.wants_usage:
+        return None
+    members = _members(body)
     if members is None:
         return None
     options = members.get("stream_options")
     if options is not None and not isinstance(options, dict):
         return None
+    return append_member(body, "stream_options", {**(options or {}), "include_usage": True})
+
+
+def ask_token_ids(body: bytes) -> bytes | None:
+    """The body with ``return_token_ids: true`` (vLLM: each choice then carries its output token
+    ids); None when the client asked already or the body is not a UTF-8 JSON object."""
+    members = _members(body)
+    if members is None or members.get("return_token_ids") is True:
+        return None
+    return append_member(body, "return_token_ids", True)
+
+
+def _members(body: bytes) -> dict[str, object] | None:
+    if json_encoding(body) not in ("utf-8", "utf-8-sig"):
+        return None  # (a UTF-16 or UTF-32 body would need the member in its own encoding)
+    return top_level_members(body)
+
+
+def append_member(body: bytes, name: str, value: object) -> bytes | None:
+    """``body`` (a JSON object) with ``"name": value`` appended before its final ``}``: one copy,
+    no re-serialization (a duplicate key's last value wins, as the engines decode JSON); None
+    when the body does not end with ``}``."""
     end = len(body)
     while end and body[end - 1] in _WS:
         end -= 1
@@ -55,8 +78,7 @@ def inject_usage(body: bytes, spec: RequestSpec) -> bytes | None:
     while inner and body[inner - 1] in _WS:
         inner -= 1
     sep = b"" if inner and body[inner - 1] == 0x7B else b","  # '{': an empty object
-    merged = {**(options or {}), "include_usage": True}
-    member = b'"stream_options":' + json.dumps(merged, separators=(",", ":")).encode()
+    member = json.dumps(name).encode() + b":" + json.dumps(value, separators=(",", ":")).encode()
     return b"".join((body[:end - 1], sep, member, body[end - 1:]))
 
 

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from exporter.core.analysis import RequestSpec, analyze_bytes
+from exporter.core.tokenids import output_token_ids
 from exporter.proxy.records import read_capture
+
+from .tokens import explain, summary_line
 
 __all__ = ["decode_capture", "format_row"]
 
@@ -35,8 +38,19 @@ def _record_sha(capture_json: Path, capture_id: str) -> str | None:
     return None
 
 
-def decode_capture(path: Path) -> dict[str, Any]:
-    """Judge one capture; the result always has ``verdict`` and ``ok`` keys."""
+def decode_capture(path: Path, vocabulary: tuple[Any, set[int]] | None = None) -> dict[str, Any]:
+    """Judge one capture; the result always has ``verdict`` and ``ok`` keys.  With the model's
+    ``vocabulary`` (:func:`exporter.evidence.tokens.load_vocabulary`), also ``tokens``: the
+    output token ids the engine sent, named (None when the capture holds none)."""
+    result = _decode(path)
+    if vocabulary is not None and result["verdict"] != "unreadable":
+        _, body = read_capture(path)
+        ids = output_token_ids(body, bool(result.get("streaming", True)))
+        result["tokens"] = None if ids is None else explain(ids, *vocabulary)
+    return result
+
+
+def _decode(path: Path) -> dict[str, Any]:
     try:
         meta, body = read_capture(path)
     except ValueError as exc:
@@ -78,6 +92,7 @@ def decode_capture(path: Path) -> dict[str, Any]:
         "detail": result.detail, "status": result.status, "visible_chars": result.visible_chars,
         "completion_tokens": result.completion_tokens, "prompt_tokens": result.prompt_tokens,
         "done": result.done, "usage": result.usage, "ttft_s": result.ttft_s, "e2e_s": result.e2e_s,
+        "streaming": bool(meta.get("streaming", True)),
         "events": result.events, "bytes": len(body), "sha256": digest, "sha256_ok": sha_ok,
         "record_sha256_ok": record_ok, "matches_proxy": same, "problems": problems, "ok": not problems,
     }
@@ -92,6 +107,9 @@ def format_row(r: dict[str, Any]) -> str:
     line = (f"{r['capture']}: {r['verdict']}" + (f" ({r['reason']})" if r["reason"] else "")
             + f"  visible_chars={r['visible_chars']} completion_tokens={r['completion_tokens']}"
             f" done={'yes' if r['done'] else 'no'} usage={'yes' if r['usage'] else 'no'} sha256={sha}")
+    if "tokens" in r:
+        line += "\n    " + ("no output token ids in the capture (engine option token_ids: true asks for them)"
+                            if r["tokens"] is None else summary_line(r["tokens"]))
     for p in r["problems"]:
         line += f"\n    ! {p}"
     return line

@@ -21,7 +21,7 @@ from pydantic import (
 
 from dashboards.mixin import CONFIG as MIXIN
 
-__all__ = ["Config", "ConfigError", "Engine", "Timeouts", "Slo", "Otlp", "load_config", "parse_listen", "parse_gpu"]
+__all__ = ["Config", "ConfigError", "Engine", "Timeouts", "Slo", "Otlp", "Sessions", "load_config", "parse_listen", "parse_gpu"]
 
 RESERVED_SCENARIOS = frozenset({"none", "other"})
 _NAME = r"^[a-z0-9_-]+$"
@@ -60,6 +60,9 @@ class Engine(_Model):
     #: ``inject`` adds ``stream_options.include_usage`` upstream for clients
     #: that do not ask for usage, and leaves the usage-only event out of their stream.
     usage: Literal["require", "inject"] = "require"
+    #: ask the engine for each request's output token ids (vLLM ``return_token_ids``); they
+    #: reach the raw capture, where ``evidence decode --tokenizer`` shows what was generated
+    token_ids: bool = False
 
     @property
     def base_url(self) -> str:
@@ -103,6 +106,15 @@ class Otlp(_Model):
     interval_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0
 
 
+class Sessions(_Model):
+    """How long the proxy remembers a session to number its turns (records' ``turn``)."""
+
+    #: a session idle for longer than this is forgotten: its next request is turn 1 again
+    idle_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
+    #: at most this many sessions held at once (the one idle longest goes first); ~300 bytes each
+    max: Annotated[int, Field(ge=1)] = 100_000
+
+
 class Config(_Model):
     listen: str = "127.0.0.1:9464"
     engines: Annotated[list[Engine], Field(min_length=1)]
@@ -120,6 +132,7 @@ class Config(_Model):
     slo: Slo = Slo()
     slo_by_scenario: dict[str, Slo] = {}
     otlp: Otlp | None = None
+    sessions: Sessions = Sessions()
     #: the SHA-256 of the file this config was read from (:func:`load_config`; None otherwise)
     _source_sha256: str | None = PrivateAttr(default=None)
 

@@ -11,6 +11,7 @@ the proxy itself is recorded as ``proxy_error``, never blamed on the engine or t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
@@ -19,7 +20,7 @@ import uuid
 from aiohttp import web
 
 from exporter.core.analysis import RequestSpec, Result, StreamAnalyzer
-from exporter.core.usage import UsageEventFilter, inject_usage
+from exporter.core.usage import UsageEventFilter, ask_token_ids, inject_usage
 
 from .config import Engine
 from .finish import Identity, Measurement
@@ -41,6 +42,11 @@ _ROUND = re.compile(r"[0-9]{1,7}")  # ASCII digits only: "²" passes str.isdigit
 def json_error(status: int, message: str, kind: str) -> web.Response:
     body = {"error": {"message": message, "type": kind, "code": status}, "object": "error"}
     return web.json_response(body, status=status)
+
+
+def _safe_id(value: str | None) -> str | None:
+    """A client's id header when it is a safe id (letters, digits, ``._:-``, 1-128), else None."""
+    return value if value and _SAFE_ID.fullmatch(value) else None
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -135,10 +141,12 @@ class Exchange:
         header_round = headers.get("X-Bench-Round", "").strip()
         if _ROUND.fullmatch(header_round) and int(header_round) <= MAX_ROUND:
             rnd = int(header_round)
-        client_id = headers.get("X-Request-Id")
-        return Identity(id=self.id, client_request_id=client_id if client_id and _SAFE_ID.fullmatch(client_id) else None,
+        session = _safe_id(headers.get("X-Session-ID")) or _safe_id(headers.get("X-Correlation-ID"))
+        return Identity(id=self.id, client_request_id=_safe_id(headers.get("X-Request-Id")),
                         engine=self.engine.name, scenario=scenario, round=rnd, route="/" + self.path,
-                        stream=False, model=None)
+                        stream=False, model=None, session_id=session,
+                        turn=None if session is None else self.state.sessions.turn(
+                            f"{self.engine.name} {session}", time.monotonic()))  # one engine's session
 
     async def _guarded(self) -> tuple[str | None, str | None]:
         """Read the request, relay it; return (transport reason, detail)."""
@@ -165,8 +173,7 @@ class Exchange:
     def _inspect(self, body: bytes) -> None:
         self.spec = spec = RequestSpec.from_body(body)
         model = getattr(spec, "model", None)
-        i = self.identity
-        self.identity = Identity(i.id, i.client_request_id, i.engine, i.scenario, i.round, i.route, spec.stream, model)
+        self.identity = dataclasses.replace(self.identity, stream=spec.stream, model=model)
 
     async def _relay(self, body: bytes) -> None:
         state = self.state
@@ -181,8 +188,10 @@ class Exchange:
         await relay.run(pool, origin_of(url), head, body)
 
     def _inject(self, body: bytes) -> tuple[UsageEventFilter | None, bytes]:
-        """``usage: inject``: ask for usage upstream for a client that did not; the filter then
-        keeps the usage-only event from the client."""
+        """``token_ids: true``: ask for the output token ids; ``usage: inject``: ask for usage
+        upstream for a client that did not (the filter then keeps the usage-only event from it)."""
+        if self.engine.token_ids:
+            body = ask_token_ids(body) or body
         if self.engine.usage != "inject" or not self.spec.stream:
             return None, body
         changed = inject_usage(body, self.spec)

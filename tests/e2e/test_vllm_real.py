@@ -26,9 +26,9 @@ import requests
 
 from dashboards.catalogue import INTERNALS, expand
 from exporter.evidence.promapi import Prometheus
-from exporter.harness.stack import free_port, render_prometheus_config, start_prometheus, wait_for_scrapes
+from exporter.harness.stack import render_prometheus_config, wait_for_scrapes
 
-from tests.helpers import read_records, require_prometheus
+from tests.helpers import read_records, require_prometheus, scrapes_since, start_prometheus_on_port_0
 from tests.vllm_engine import VllmServer, bench_serve, build_model, require_vllm, start_proxy
 
 MAX_TOKENS = 12
@@ -75,15 +75,14 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
         server.start()
         print(f"\nvLLM: model built and server ready in {time.monotonic() - t0:.0f} s")
         proxy, proxy_url = start_proxy(out, [{"name": n, "upstream": server.url, "usage": u}
-                                             for n, u in ENGINES.items()])
+                                             for n, u in ENGINES.items()]
+                                       + [{"name": "vllm-ids", "upstream": server.url, "token_ids": True}])
         stack.callback(proxy.stop)
         config = render_prometheus_config({"llmbench-exporter": [proxy_url.removeprefix("http://")],
                                            "vllm": [server.url.removeprefix("http://")]},
                                           out / "prometheus", scrape_interval=f"{SCRAPE_S}s")
-        prom_port = free_port()
-        prom = start_prometheus(config, out / "prometheus" / "data", prom_port, out / "logs")
+        prom, prom_url = start_prometheus_on_port_0(config, out / "prometheus" / "data", out / "logs")
         stack.callback(prom.stop)
-        prom_url = f"http://127.0.0.1:{prom_port}"
         wait_for_scrapes(prom_url, 2)
         yield RealStack(server, proxy_url, prom_url, out, time.time())
 
@@ -182,7 +181,9 @@ def scraped(real: RealStack, bench_run: tuple[dict[str, Any], list[dict[str, Any
     while time.monotonic() < deadline:
         values = {q: prom.query(q) for q in checks}
         if all(v and float(v[0]["value"][1]) >= n for (q, n), v in zip(checks.items(), values.values())):
-            time.sleep(SCRAPE_S + 1)  # one scrape more: rate() needs the sample after the increase too
+            seen = time.time()  # one scrape more of each: rate() needs the sample after the increase too
+            for url in (real.vllm.url, real.proxy):
+                scrapes_since(real.prom, url.removeprefix("http://"), seen)
             return prom
         time.sleep(0.5)
     raise AssertionError(f"Prometheus did not see the benchmark within 60 s: {values}")
@@ -194,6 +195,28 @@ def test_internals_board_reads_real_vllm(real: RealStack, scraped: Prometheus, p
     expr = expand(query.expr)
     series = scraped.query_range(expr, real.start - 5, time.time(), 1.0)
     assert _has_data(series), f"{panel}/{ref}: no data from the real vLLM for {expr}"
+
+
+def test_the_seeds_empty_200_says_what_the_engine_generated(real: RealStack,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The seed's 13 requests, on a real engine: pushed towards ``</s>`` (id 2) under
+    ``ignore_eos``, vLLM answers HTTP 200, [DONE], usage with 16 completion tokens, and no text.
+    The proxy judges it ``empty_text``; asked for the token ids (engine option ``token_ids``),
+    the capture shows why: sixteen ``</s>``, a special token that detokenizing skips."""
+    from exporter.evidence.cli import main as evidence_main
+
+    body = {"model": "tiny", "prompt": "def handle(request):", "stream": True, "ignore_eos": True,
+            "max_tokens": 16, "logit_bias": {"2": 100}, "stream_options": {"include_usage": True}}
+    status, events = _stream(f"{real.proxy}/vllm-ids/v1/completions", body, "empty-200")
+    assert status == 200 and events[-1] == "[DONE]", events[-3:]
+    rec = real.record("empty-200")
+    assert (rec["outcome"], rec["reason"]) == ("failure", "empty_text"), rec
+    assert rec["completion_tokens"] == 16 and rec["visible_chars"] == 0 and rec["done"] is True
+    assert rec["capture"], rec  # failures are captured by default
+    capture = real.out / "run" / rec["capture"]
+    assert evidence_main(["decode", str(capture), "--tokenizer", str(real.vllm.model), "--json"]) == 0
+    (decoded,) = json.loads(capsys.readouterr().out)
+    assert [(t["id"], t["token"], t["special"]) for t in decoded["tokens"]] == [(2, "</s>", True)] * 16
 
 
 def test_dead_engine_core_is_judged_sse_error(real: RealStack) -> None:
