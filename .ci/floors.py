@@ -1,7 +1,7 @@
 """Print a pip constraints file that pins every runtime dependency to its floor.
 
 Reads pyproject.toml: ``[project] dependencies`` and the extras named on the command line
-(default: the runtime extras ``otel``, ``nvml``), turning each ``NAME>=X`` into ``NAME==X``
+(default: the runtime extras ``otel``, ``nvml``, ``trace``), turning each ``NAME>=X`` into ``NAME==X``
 (markers kept).  CI installs the package with these constraints into a second venv and runs
 the unit tests there, so the floors that pyproject.toml claims are the ones that are tested.
 """
@@ -33,4 +33,4 @@ def floors(extras: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    print("\n".join(floors(sys.argv[1:] or ["otel", "nvml"])))
+    print("\n".join(floors(sys.argv[1:] or ["otel", "nvml", "trace"])))

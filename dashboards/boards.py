@@ -71,6 +71,17 @@ def _color_overrides(panel: Panel) -> list[dict[str, Any]]:
     return out + _right_axis(panel)
 
 
+def _stacking(panel: Panel, custom: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stacked panel: each engine's series stacked in a group of its own (in query order), filled."""
+    if not panel.stack:
+        return []
+    custom["stacking"] = {"mode": "normal", "group": "A"}
+    custom["fillOpacity"] = 35
+    return [{"matcher": {"id": "byRegexp", "options": f"^{engine}.*"},
+             "properties": [{"id": "custom.stacking", "value": {"mode": "normal", "group": engine}}]}
+            for engine in ENGINE_COLORS]
+
+
 def _legend_regex(legend: str) -> str:
     """A regex for the display names a legend format gives (``{{label}}`` matches anything)."""
     parts = re.split(r"\{\{\s*\w+\s*\}\}", legend)
@@ -180,7 +191,7 @@ def build(board: Board) -> dict[str, Any]:
             defaults["custom"]["scaleDistribution"] = {"type": "log", "log": 10}
         if panel.from_zero:
             defaults["min"] = 0
-        out["fieldConfig"]["overrides"] = _color_overrides(panel)
+        out["fieldConfig"]["overrides"] = _color_overrides(panel) + _stacking(panel, defaults["custom"])
         out["pluginVersion"] = "10.4.0"
         for key in ("height", "span", "minSpan", "error", "repeat", "repeatDirection", "maxPerRow"):
             out.pop(key, None)

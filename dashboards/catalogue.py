@@ -100,6 +100,22 @@ def _p95_and_mean(name: str, metric: str, what: str, refs: str) -> tuple[Query, 
             Query(_engine_mean(name, metric), f"{name} {what} mean", refs[1]))
 
 
+#: Where a successful request's TTFT went, by the engine's own clock: (legend word, proxy histogram).
+_TTFT_PARTS = (("queue", "llmbench_engine_queue_seconds"), ("prefill", "llmbench_engine_prefill_seconds"),
+               ("outside engine", "llmbench_ttft_outside_engine_seconds"))
+_PARTS_NOTE = ("queue: the engine held the request before scheduling it; prefill: from scheduling to its first "
+               "output token; outside engine: the proxy's TTFT minus both (the HTTP server, tokenizing, the "
+               "hand-offs between the engine's processes, detokenizing, the network). Successful requests whose "
+               "engine tells its own clock in the stream (vLLM started with --enable-per-request-metrics); SGLang "
+               "writes it to its request log only, which `evidence summarize --engine-log DIR` joins after the run.")
+
+
+def _ttft_parts(p95: bool) -> tuple[Query, ...]:
+    return tuple(Query(_p95(metric) if p95 else f"{_rate(metric + '_sum')} / {_rate(metric + '_count')}",
+                       f"{LEGEND} {word} {'P95' if p95 else 'mean'}", ref)
+                 for (word, metric), ref in zip(_TTFT_PARTS, "ABC"))
+
+
 def _q(expr: str, legend: str = LEGEND) -> tuple[Query, ...]:
     return (Query(expr, legend),)
 
@@ -181,6 +197,22 @@ COMPARISON = Board(
                          " / ignoring (reason) group_left " + _rate("llmbench_requests_total", _JUDGED_M),
                          f"{LEGEND} {{{{reason}}}}"),
               rule="engine_reason:llmbench_requests:failure_ratio_rate1m"),
+        Panel("ttft_parts", "Where TTFT goes", "s", per_engine_colors=False, stack=True, from_zero=True,
+              queries=_ttft_parts(p95=False),
+              description="Per engine, the exact mean (rate of _sum / rate of _count, 1-minute windows) of each "
+                          "part of TTFT, stacked: queue, prefill, outside the engine add up to the mean TTFT of "
+                          "these requests. " + _PARTS_NOTE),
+        Panel("ttft_parts_p95", "Where TTFT goes: P95 of each part", "s", per_engine_colors=False,
+              queries=_ttft_parts(p95=True),
+              description="Per engine, the P95 of each part of TTFT over 1-minute windows, side by side (P95s do "
+                          "not add up: the stacked means beside them do). " + _PARTS_NOTE),
+        Panel("cached_share", "Prompt tokens from the prefix cache", "percentunit", width=24, from_zero=True,
+              queries=_q(f"{_rate('llmbench_prompt_tokens_cached_total')} / {_rate('llmbench_prompt_tokens_total')}"),
+              description="The share of the prompt tokens that each engine took from its prefix cache, 1-minute "
+                          "windows (usage.prompt_tokens_details.cached_tokens over prompt_tokens). Multi-turn "
+                          "sessions resend their history: a high share is the cache at work, a low one a cache "
+                          "too small or sessions spread over replicas. 0 where the engine does not report cached "
+                          "tokens: vLLM needs --enable-prompt-tokens-details, SGLang --enable-cache-report."),
         Panel("offered_load", "Arrivals and completions", "reqps", width=8, queries=(
             Query(_rate("llmbench_arrivals_total"), f"{LEGEND} arrivals/s", "A"),
             Query(_rate("llmbench_requests_total"), f"{LEGEND} completions/s", "B")),

@@ -92,6 +92,8 @@ class Panel:
     from_zero: bool = False
     #: many label combinations (failure reasons): pictures draw the top ones and "other reasons"
     top: int = 0
+    #: each engine's series stacked, in query order (parts that add up to a whole)
+    stack: bool = False
 
     @property
     def exprs(self) -> list[str]:

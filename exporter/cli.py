@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "load": ("exporter.harness.load_cli", "drive load against an OpenAI-compatible base URL"),
     "demo": ("exporter.harness.demo", "the whole stack on one machine with simulated engines"),
     "dashboards": ("dashboards.__main__", "write the Grafana dashboards' JSON (and the Prometheus rules)"),
+    "model-check": ("exporter.harness.model_check",
+                    "each model file's size and SHA-256, each safetensors header's tensor count"),
 }
 
 

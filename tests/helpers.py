@@ -23,7 +23,7 @@ from aiohttp import web
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.sim import FAULTS
-from exporter.harness.stack import LocalStack
+from exporter.harness.stack import Child, LocalStack, wait_http
 from exporter.proxy.config import Config, validate
 from exporter.proxy.engines import PROBE_USER_AGENT
 
@@ -175,7 +175,8 @@ def run_live_stack(tmp: Path) -> Iterator[LiveStack]:
 
             stack.summaries.append(asyncio.run(drive()))
             stack.windows[engine] = (t0, time.time())
-        time.sleep(12)  # two more scrapes and rule evaluations
+        # two scrapes of the proxy after the load, and the rules evaluated after them
+        scrapes_since(prom, proxy_url.removeprefix("http://"), time.time(), n=2, rules=True)
         stack.end = time.time()
         yield stack
 
@@ -232,6 +233,38 @@ def rules_evaluated_after(prom_url: str, at: float) -> bool:
         return datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp() + float(f"0.{frac or 0}")
 
     return bool(groups) and all(unix(g["lastEvaluation"]) > at for g in groups)
+
+
+def start_prometheus_on_port_0(config: Path, data_dir: Path, log_dir: Path) -> tuple[Child, str]:
+    """Debian's ``prometheus`` as ``exporter.harness.stack.start_prometheus`` runs it, but bound to
+    port 0 and the port read back: no other process can take a port between its choice and the
+    bind.  Its URL once ``/-/ready`` answers."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise FileNotFoundError("prometheus")
+    child = Child("prometheus", [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+                                 "--web.listen-address=127.0.0.1:0", "--web.enable-lifecycle",
+                                 "--storage.tsdb.retention.time=7d"], log_dir)
+    return child, ready_on_its_port(child, "/-/ready")
+
+
+def start_victoriametrics_on_port_0(data_dir: Path, log_dir: Path, *flags: str, prefix: str = "") -> tuple[Child, str]:
+    """Single-node VictoriaMetrics bound to port 0, the port read back; its URL (with the
+    ``-http.pathPrefix`` ``prefix``) once ``/health`` answers."""
+    child = Child("victoria-metrics", ["victoria-metrics", f"-storageDataPath={data_dir}", "-httpListenAddr=127.0.0.1:0",
+                                       *([f"-http.pathPrefix={prefix}"] if prefix else []), *flags], log_dir)
+    return child, ready_on_its_port(child, "/health", prefix)
+
+
+def ready_on_its_port(child: Child, health: str, prefix: str = "") -> str:
+    """The URL of ``child``, started on port 0, once ``health`` answers there (stopped if not)."""
+    try:
+        url = f"http://127.0.0.1:{listening_port(child.proc.pid)}{prefix}"
+        wait_http(f"{url}{health}", 60, child)
+    except BaseException:
+        child.stop()
+        raise
+    return url
 
 
 def listening_port(pid: int, timeout_s: float = 60.0) -> int:

@@ -20,9 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-__all__ = ["VirtualClockLoop", "unix_site"]
+from exporter.harness.load import Driver, Plan
+
+__all__ = ["VirtualClockLoop", "unix_site", "run_plan"]
 
 
 class _Selector(selectors.BaseSelector):
@@ -78,3 +81,21 @@ async def unix_site(app: web.Application, path: Path) -> web.AppRunner:
     await runner.setup()
     await web.UnixSite(runner, str(path)).start()
     return runner
+
+
+def run_plan(app: web.Application, plan: Plan, sock: Path, out: Path, **driver: Any) -> dict[str, Any]:
+    """``plan`` run by the load driver (records and tables in ``out``) against ``app`` (served on
+    the Unix socket ``sock``), both on one :class:`VirtualClockLoop`: the driver's stamps are the
+    loop's clock; its summary."""
+
+    async def main() -> dict[str, Any]:
+        runner = await unix_site(app, sock)
+        try:
+            async with Driver("http://engine", out, clock=asyncio.get_running_loop().time,
+                              connector=lambda: aiohttp.UnixConnector(path=str(sock), limit=0), **driver) as d:
+                return await d.run_plan(plan)
+        finally:
+            await runner.cleanup()
+
+    with asyncio.Runner(loop_factory=VirtualClockLoop) as run:
+        return run.run(main())

@@ -14,7 +14,7 @@ from exporter.core.enginetime import EngineTiming, from_vllm_metrics, outside_en
 from exporter.core.jsondepth import loads, loads_exact
 from exporter.core.request import RequestSpec
 from exporter.core.sse import SSEParser
-from exporter.core.visible import error_message, has_float_tokens, usage_tokens, visible_chars
+from exporter.core.visible import cached_tokens, error_message, has_float_tokens, usage_tokens, visible_chars
 
 __all__ = [
     "REASONS",
@@ -83,6 +83,7 @@ class Result:
     engine_decode_s: float | None = None
     ttft_outside_engine_s: float | None = None  # TTFT − queue − prefill
     engine_timing: str | None = None  # "stream", "engine-log" or None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the engine tells it
 
     @property
     def ok(self) -> bool:
@@ -131,7 +132,7 @@ class StreamAnalyzer:
     __slots__ = (
         "t0", "status", "spec", "streaming", "_parser", "_body", "_max_event",
         "first_t", "last_t", "first_byte_t", "first_event_t", "visible", "done", "usage",
-        "error", "malformed", "events", "nbytes", "response_id", "engine_time",
+        "error", "malformed", "events", "nbytes", "response_id", "engine_time", "cached",
     )
 
     def __init__(
@@ -164,6 +165,7 @@ class StreamAnalyzer:
         self.nbytes = 0
         self.response_id: str | None = None
         self.engine_time: EngineTiming | None = None  # the engine's own clock (vLLM's metrics object)
+        self.cached: int | None = None  # prompt tokens from the engine's prefix cache, where it says
 
     def feed(self, chunk: bytes, now: float) -> None:
         """One read from the upstream, arrived at monotonic time ``now``."""
@@ -237,6 +239,7 @@ class StreamAnalyzer:
             engine_decode_s=timing.decode_s if timing else None,
             ttft_outside_engine_s=outside_engine(ttft, timing),
             engine_timing=timing.source if timing else None,
+            cached_tokens=self.cached if self.usage is not None else None,
         )
 
     # -- internals -------------------------------------------------------------------------
@@ -298,6 +301,7 @@ class StreamAnalyzer:
             usage = _exact_usage(data)
         if usage is not None:
             self.usage = usage
+            self.cached = cached_tokens(raw_usage)
             if "metrics" in obj:  # vLLM --enable-per-request-metrics: on the usage chunk
                 self.engine_time = from_vllm_metrics(obj["metrics"]) or self.engine_time
         choices = obj.get("choices")

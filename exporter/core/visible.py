@@ -10,7 +10,7 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-__all__ = ["visible_chars", "usage_tokens", "error_message", "has_float_tokens"]
+__all__ = ["visible_chars", "usage_tokens", "cached_tokens", "error_message", "has_float_tokens"]
 
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel = 2
@@ -74,6 +74,15 @@ def usage_tokens(obj: Any) -> tuple[int, int] | None:
     if type(p) is int and type(c) is int:
         return p, c
     return None
+
+
+def cached_tokens(obj: Any) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` when it is a non-negative integer: the prompt
+    tokens the engine took from its prefix cache (vLLM with ``--enable-prompt-tokens-details``,
+    SGLang with ``--enable-cache-report``); None where the engine does not say."""
+    details = obj.get("prompt_tokens_details") if isinstance(obj, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if type(n) is int and n >= 0 else None
 
 
 def has_float_tokens(obj: Any) -> bool:

@@ -17,8 +17,10 @@ from .decode import decode_capture, format_row
 from .export import DEFAULT_STEP_S, GRAFANA_TOKEN_ENV, TARGET_POINTS, ExportError, export
 from .llmd_cli import add_parser as report_parser
 from .merge import MergeError, load_many
+from .mooncake import add_parser as trace_parser
 from .outdir import OutDirError
 from .promapi import TOKEN_ENV, PromError, Prometheus, parse_header
+from .tokens import TokenizerError, load_vocabulary
 from .windows import WindowError, iso, parse_window
 
 __all__ = ["main", "build_parser"]
@@ -65,7 +67,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    results = [decode_capture(Path(p)) for p in args.captures]
+    vocabulary = None
+    if args.tokenizer is not None:
+        try:
+            vocabulary = load_vocabulary(args.tokenizer)
+        except TokenizerError as exc:
+            print(f"evidence decode: {exc}", file=sys.stderr)
+            return 2
+    results = [decode_capture(Path(p), vocabulary) for p in args.captures]
     if args.json:
         print(json.dumps(results, indent=1))
     else:
@@ -91,6 +100,7 @@ def _judge_config(args: argparse.Namespace) -> Any:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from exporter.proxy.config import ConfigError
 
+    from .enginelog import engine_log_lines, join_dirs
     from .experiment import parse_expect
     from .runs import RunError
     from .summarize import summarize, uncertainty_warning, write_summary
@@ -102,9 +112,14 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         records, notes = load_many([Path(p) for p in args.records])
         if not records:
             return _fail(f"no records in {', '.join(args.records)}")
+        engine_log = join_dirs(records, [Path(p) for p in args.engine_log]) if args.engine_log else None
+        if engine_log is not None:
+            records = engine_log[0]  # with SGLang's own clock joined by response id
         prom = _prom(args) if args.prometheus else None
         summary = summarize(records, prom, config=config, config_path=args.config, run=args.run, expect=expect,
                             records_dirs=[Path(p) for p in args.records])
+        if engine_log is not None:
+            summary["engine_log"] = engine_log[1]
         if len(args.records) > 1:
             summary["sources"] = notes
         paths = write_summary(summary, Path(args.out)) if args.out else []  # beside the records only when asked
@@ -120,6 +135,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     for line in summary.get("warnings") or []:  # e.g. an engine whose version changed inside a run
         print(line, file=sys.stderr)
+    for line in engine_log_lines(summary["engine_log"])[1] if engine_log is not None else []:
+        print(line, file=sys.stderr)  # parts the engine log lacks
     return 0
 
 
@@ -200,6 +217,11 @@ def _summarize_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--expect", metavar="LOAD", help="the load the rounds should have had: poisson:RATE (req/s) or "
                                                     "closed:C (in flight); each round says whether it matched "
                                                     "(default: none)")
+    s.add_argument("--engine-log", action="append", metavar="DIR",
+                   help="SGLang's per-request files (sglang-request-metrics-*.log, every hour's), written when it is "
+                        "started with --enable-metrics --export-metrics-to-file --export-metrics-to-file-dir DIR; "
+                        "repeatable: each line's timing is joined to the record with its response id, for where "
+                        "TTFT goes (nothing else of a line is kept: it holds the prompt) (default: none)")
     s.set_defaults(func=cmd_summarize)
 
 
@@ -231,10 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("captures", nargs="+", help="captures/<id>.sse or .json")
     d.add_argument("--json", action="store_true",
                    help="print one JSON document with every capture's verdict and checks (default: one line each)")
+    d.add_argument("--tokenizer", type=Path, metavar="PATH",
+                   help="the model's tokenizer (its directory or tokenizer.json): name the output token ids the "
+                        "capture holds (engine option token_ids: true) and say which are special tokens (default: none, ids not "
+                        "named)")
     d.set_defaults(func=cmd_decode)
     _summarize_parser(sub)
     _compare_parser(sub)
     report_parser(sub)
+    trace_parser(sub)
     return p
 
 

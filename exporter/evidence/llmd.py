@@ -37,11 +37,39 @@ from exporter.core.timefmt import iso
 
 from .experiment import round_load
 from .identity import identity, read_log, run_parts
-from .llmd_models import (VERSION, Accelerator, AggregateLatency, AggregatePerformance, AggregateRequests,
-                          AggregateThroughput, BenchmarkReport, Component, ComponentHealth, ComponentMetadata,
-                          ComponentNative, EngineModel, Generic, InferenceEngine, Load, LoadMetadata, LoadNative,
-                          LoadStandardized, Observability, Parallelism, PodStartup, PodStartupTimes, ReplicaHealth,
-                          RequestPerformance, Results, Run, RunTime, Scenario, SequenceLength, Statistics, Units)
+from .llmd_models import (
+    VERSION,
+    Accelerator,
+    AggregateLatency,
+    AggregatePerformance,
+    AggregateRequests,
+    AggregateThroughput,
+    BenchmarkReport,
+    Component,
+    ComponentHealth,
+    ComponentMetadata,
+    ComponentNative,
+    EngineModel,
+    Generic,
+    InferenceEngine,
+    Load,
+    LoadMetadata,
+    LoadNative,
+    LoadStandardized,
+    Observability,
+    Parallelism,
+    PodStartup,
+    PodStartupTimes,
+    ReplicaHealth,
+    RequestPerformance,
+    Results,
+    Run,
+    RunTime,
+    Scenario,
+    SequenceLength,
+    Statistics,
+    Units,
+)
 from .runs import RoundKey, group_rounds
 
 __all__ = ["build_report", "write_reports", "statistics_of", "PERCENTILES"]
@@ -247,7 +275,7 @@ def build_report(key: RoundKey, recs: Sequence[Record], ident: Mapping[str, Any]
     report_run = Run(uid=_hash(["llm-bench-exporter", run, engine, scenario, rnd]), eid=run,
                      description=f"{engine} ({kind} {(engine_ident or {}).get('version') or ''}".rstrip()
                                  + f"), scenario {scenario}, round {rnd}, measured by llm-bench-exporter",
-                     keywords=[engine, kind, scenario, f"round {rnd}"],
+                     keywords=list(dict.fromkeys([engine, kind, scenario, f"round {rnd}"])),
                      time=RunTime(start=iso(start, ms=True), end=iso(end, ms=True), duration=f"PT{end - start:.6f}S"))
     stack = [_engine_component(engine, engine_ident), _proxy_component(ident["proxy"], run)]
     performance = AggregatePerformance(requests=_requests(recs, ok), latency=_latency(ok),
@@ -275,9 +303,10 @@ def _file_name(key: RoundKey) -> str:
     return "{}__{}__{}__round-{}.json".format(*safe)
 
 
-def write_reports(records_dir: Path, out: Path, records: Sequence[Record]) -> dict[str, Any]:
+def write_reports(records_dir: Path, out: Path, records: Sequence[Record],
+                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One report per run, engine, scenario and round of ``records`` (read from ``records_dir``)
-    into the existing directory ``out``, then its ``manifest.json``; returns the manifest."""
+    into the existing directory ``out``, then its ``manifest.json`` (with ``extra``); returns it."""
     groups = group_rounds(records)
     runs = list(dict.fromkeys(k[0] for k in groups))
     ident = identity([records_dir], runs)
@@ -292,6 +321,6 @@ def write_reports(records_dir: Path, out: Path, records: Sequence[Record]) -> di
                         "requests": len(recs), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     manifest = {"tool": "llm-bench-exporter evidence report", "version": __version__,
                 "format": "llm-d benchmark report", "schema_version": VERSION, "created_utc": iso(time.time()),
-                "records": str(records_dir), "reports": entries, **ident}
+                "records": str(records_dir), "reports": entries, **ident, **(extra or {})}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest

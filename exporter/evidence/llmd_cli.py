@@ -24,9 +24,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         records = select_run(load_records(records_dir), args.run)
         if not records:
             raise MergeError(f"no records in {records_dir}")
+        model = _model(args.model) if args.model else None
         prepare_out(out, args.force)
-        manifest = write_reports(records_dir, out, records)
-    except (MergeError, OutDirError, RunError) as exc:
+        manifest = write_reports(records_dir, out, records, {"model": model} if model else None)
+    except (MergeError, OutDirError, RunError, ValueError) as exc:
         print(f"evidence: {exc}", file=sys.stderr)
         return 2
     if not manifest["reports"]:
@@ -40,6 +41,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model(path: str) -> dict[str, Any]:
+    """A ``llm-bench-exporter model-check`` document, summed up for the manifest (its SHA-256 names it)."""
+    import hashlib
+    import json
+
+    try:
+        raw = Path(path).read_bytes()
+        doc = json.loads(raw)
+    except OSError as exc:
+        raise ValueError(f"--model {path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ValueError(f"--model {path}: not JSON") from None
+    if not isinstance(doc, dict) or not str(doc.get("format", "")).startswith("llmbench-model-check/"):
+        raise ValueError(f"--model {path}: not a document of llm-bench-exporter model-check")
+    return {"document": path, "document_sha256": hashlib.sha256(raw).hexdigest(), "dir": doc.get("dir"),
+            "files": doc.get("files"), "total_bytes": doc.get("total_bytes"), "tensors": doc.get("tensors"),
+            "index": doc.get("index")}
+
+
 def add_parser(sub: Any) -> None:
     r = sub.add_parser("report", help="write the records as reports in a shared format: one llm-d Benchmark "
                                       "Report per run, engine, scenario and round")
@@ -51,4 +71,6 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--force", action="store_true", help="clear a non-empty --out first (default: refuse it)")
     r.add_argument("--run", metavar="ID", help="only this run (a run_id; default: every run, each in reports of "
                                                "its own)")
+    r.add_argument("--model", metavar="FILE", help="the model's files as `llm-bench-exporter model-check DIR --out "
+                                                   "FILE` listed them, carried in manifest.json (default: none)")
     r.set_defaults(func=cmd_report)

@@ -28,7 +28,7 @@ from dashboards.boards import layout, row_positions  # noqa: E402
 from dashboards.catalogue import ENGINE_COLORS, LINE_STYLES, Board, Panel  # noqa: E402
 
 __all__ = ["render_board", "png_size", "top_series", "flat_limits", "time_ticks", "PX_PER_ROW", "WIDTH_PX", "DPI", "TOP_SERIES",
-           "OTHER_COLORS", "shade", "is_bucket_bound", "panel_units", "stat_lines"]
+           "OTHER_COLORS", "shade", "is_bucket_bound", "panel_units", "stat_lines", "stacked"]
 
 DPI = 100
 WIDTH_PX = 1600
@@ -169,10 +169,26 @@ def _plot(ax: Any, series: list[dict[str, Any]], scale: float, colors: dict[str,
         style = ":" if bounds else (styles or {}).get(s["name"]) or _style(s["name"])
         (line,) = ax.plot(xs, ys, label=s.get("label", s["name"]), color=color, linewidth=1.0 if bounds else 1.6,
                           linestyle=style, marker="o" if few else None, markersize=4 if bounds else 5)
+        if "below" in s:  # a stacked part: the band between the parts below it and its top
+            ax.fill_between(xs, [v * scale for v in s["below"]], ys, color=line.get_color(), alpha=0.3, linewidth=0)
         alone = [i for i, lone in enumerate(_isolated(ys)) if lone]
         if alone and not few:
             ax.plot([xs[i] for i in alone], [ys[i] for i in alone], linestyle="none", marker="o", markersize=4,
                     color=line.get_color())
+
+
+def stacked(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each engine's series (the name's first word) stacked in their order: each point its value plus
+    the top of the engine's series before it at that time, that top kept as ``below``."""
+    tops: dict[str, dict[float, float]] = {}
+    out = []
+    for s in series:
+        top = tops.setdefault(s["name"].split(" ")[0], {})
+        below = [top.get(t, 0.0) for t in s["times"]]
+        values = [b + v for b, v in zip(below, s["values"])]  # a gap stays a gap
+        top.update((t, v) for t, v in zip(s["times"], values) if not math.isnan(v))
+        out.append({**s, "values": values, "below": below})
+    return out
 
 
 def _looks(panel: Panel, series: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
@@ -242,6 +258,8 @@ def _timeseries(ax: Any, panel: Panel, series: list[dict[str, Any]], scale: floa
     right = [s for s in series if s.get("ref") in right_refs]
     if panel.top:
         left = top_series(left, panel.top)
+    if panel.stack:
+        left = stacked(left)
     colors, styles = _looks(panel, left + right)
     axes = [ax]
     sides = [(ax, left, scale, unit, panel.from_zero)]

@@ -7,7 +7,8 @@ steady window (:mod:`.experiment`), with its load (arrivals, offered rate, in fl
 back-pressure, load verdict).  Then the median of rounds per run × engine × scenario with the
 rounds' spread (min–max) and, with enough requests, a bootstrap 95% interval beside each median;
 engines side by side per run and scenario with a noise verdict; the TTFT variants (``ttft_s``,
-``ttfb_s``, ``ttfe_s``) where the records carry them.  Each record is judged by its own ``slo``;
+``ttfb_s``, ``ttfe_s``) where the records carry them; where requests carry a ``session_id``, a
+row per turn and per session (:mod:`.turns`).  Each record is judged by its own ``slo``;
 older records by the config given, else by the default (:func:`.runs.judge_by`).
 
 Several records directories (several proxies) merge exactly: the union of their requests.  With
@@ -41,6 +42,8 @@ from .outdir import make_dir
 from .promapi import Prometheus
 from .runs import RoundKey, group_rounds, judge_by, runs_in, select_run
 from .summary_md import summary_markdown
+from .ttftparts import ttft_parts
+from .turns import session_cells, session_table, turn_table
 
 __all__ = ["load_records", "summarize", "write_summary", "histogram_p95_expr", "HISTOGRAMS", "TTFT_VARIANTS",
            "DROPPED", "uncertain_share", "uncertainty_warning", "UNCERTAIN_OF_TTFT", "UNCERTAIN_WARN"]
@@ -160,7 +163,10 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
     out: dict[str, Any] = {"measured": "proxy-side, from requests.jsonl", "runs": _runs(judged, groups),
                            "slo_source": slo_note, "rounds": rounds, "steady_rounds": steady, "load": loads,
                            "medians": medians, "engines_compared": _engines_compared(medians), "noise_rule": RULE,
-                           "ttft_variants": _ttft_variants(groups)}
+                           "ttft_variants": _ttft_variants(groups), "ttft_parts": ttft_parts(groups)}
+    if any(r.get("session_id") for r in judged):  # per turn and per session (.turns)
+        sessions = session_table(judged)
+        out.update(turns=turn_table(judged), sessions=sessions, session_cells=session_cells(sessions))
     if prom is not None:
         out["histogram_vs_exact"] = _compare(prom, groups, scrape_s)
     ident = identity(records_dirs, [r["run_id"] for r in out["runs"]])
@@ -260,7 +266,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
             w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 
-TABLES = ("rounds", "steady_rounds", "load", "medians", "engines_compared", "ttft_variants", "histogram_vs_exact")
+TABLES = ("rounds", "steady_rounds", "load", "medians", "engines_compared", "ttft_variants", "ttft_parts",
+          "histogram_vs_exact", "turns", "sessions", "session_cells")
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> list[Path]:

@@ -12,8 +12,15 @@ from typing import Any
 
 from exporter.core.stats import MIN_BOOTSTRAP_REQUESTS
 
+from .enginelog import engine_log_lines
 from .experiment import load_line, round_name, seconds_text
 from .noise import fmt_delta, fmt_noise, human, unit_of
+from .ttftparts import MD_COLS as PART_COLS
+from .ttftparts import NOTE as PARTS_NOTE
+from .ttftparts import md_rows as part_rows
+from .turns import NOTE as TURNS_NOTE
+from .turns import SESSION_COLS, SESSION_NOTE, TURN_COLS
+from .turns import TITLES as TURN_TITLES
 
 __all__ = ["summary_markdown", "md_table", "PROXY_SIDE", "title_of"]
 
@@ -25,6 +32,8 @@ _TITLES = {
     "success_ratio": "success", "failure_reasons": "failures", "load_verdict": "load",
     "ttfb_p50_s": "TTFB P50", "ttfb_p95_s": "TTFB P95", "ttfe_p50_s": "TTFE P50", "ttfe_p95_s": "TTFE P95",
     "delta_pct": "delta", "value_a": "A", "value_b": "B",
+    "ttft_s": "TTFT", "queue_s": "queue", "prefill_s": "prefill", "outside_s": "outside engine",
+    "engine_timing": "engine clock",
 }
 _FIGURES = ["ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "output_throughput_tok_s",
             "goodput_ratio", "goodput_tok_s"]
@@ -37,7 +46,7 @@ Fmt = Callable[[Mapping[str, Any], str], str]
 def title_of(key: str) -> str:
     """A column header: a short title and the unit of a human table (``TTFT P95 ms``)."""
     unit = unit_of(key)
-    title = _TITLES.get(key) or (key[:-2] if unit == "ms" else key)
+    title = _TITLES.get(key) or TURN_TITLES.get(key) or (key[:-2] if unit == "ms" else key)
     return f"{title} {unit}" if unit else title
 
 
@@ -151,6 +160,35 @@ def _variants(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _parts(summary: Mapping[str, Any]) -> list[str]:
+    """Where each round's TTFT went, where the engine gave its own clock; the engine log's join."""
+    rows = summary.get("ttft_parts")
+    if rows is None:
+        return []
+    lines = ["", f"## Where TTFT goes ({PROXY_SIDE}, split by the engine's own clock)", "", PARTS_NOTE, ""]
+    if summary.get("engine_log"):
+        notes, warnings = engine_log_lines(summary["engine_log"])
+        lines += [f"- {line}" for line in notes + warnings] + [""]
+    shown = part_rows(rows)
+    if shown:
+        lines += md_table(shown, _run_cols(summary) + ["engine", "scenario", "round", *PART_COLS])
+    untimed = [f"{r['engine']} {round_name(r['scenario'], r['round'])}" for r in rows if not r.get("engine_timing")]
+    if untimed:
+        lines += ["", "No engine timing: " + ", ".join(untimed) + " (vLLM gives it with "
+                  "--enable-per-request-metrics; SGLang in its request log: `evidence summarize --engine-log DIR`)."]
+    return lines
+
+
+def _sessions(summary: Mapping[str, Any]) -> list[str]:
+    """Per turn and per session, where the requests carried a session id."""
+    if not summary.get("turns"):
+        return []
+    return (["", f"## Per turn ({PROXY_SIDE})", "", TURNS_NOTE, ""]
+            + md_table(summary["turns"], _run_cols(summary) + TURN_COLS)
+            + ["", f"## Per session ({PROXY_SIDE})", "", SESSION_NOTE, ""]
+            + md_table(summary.get("session_cells") or [], _run_cols(summary) + SESSION_COLS))
+
+
 def _histograms(summary: Mapping[str, Any]) -> list[str]:
     if not summary.get("histogram_vs_exact"):
         return []
@@ -161,13 +199,14 @@ def _histograms(summary: Mapping[str, Any]) -> list[str]:
 
 
 def headline_markdown(summary: Mapping[str, Any]) -> str:
-    """The median-of-rounds table and one load line per round: what a terminal shows first."""
-    return "\n".join(_medians(summary) + _loads(summary))
+    """The median-of-rounds table and one load line per round (and the per-turn tables, where there
+    were sessions): what a terminal shows first."""
+    return "\n".join(_medians(summary) + _loads(summary) + _sessions(summary))
 
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     md = _head(summary) + _medians(summary) + _compared(summary) + _loads(summary) + _rounds(summary)
-    md += _variants(summary)
+    md += _variants(summary) + _parts(summary) + _sessions(summary)
     if summary.get("sources"):
         md += ["", "Records merged (the union of requests; same run, engine, scenario and round form one round):", ""]
         md += [f"- {note}" for note in summary["sources"]]

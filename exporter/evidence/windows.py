@@ -231,7 +231,7 @@ def _from_records(records: Path, name: str, rnd: str | None, now: float,
     if not by_run or (run is not None and run not in by_run):
         raise WindowError(f"unknown scenario {what}: not in {path}" + (f" for run {run}" if run else ""))
     if run is None and len(by_run) > 1:
-        raise _several_runs(f"scenario:{what}", list(by_run), records)
+        raise _several_runs(f"scenario:{what}", sorted(by_run, key=lambda r: first_of[r]), records)
     found = run if run is not None else next(iter(by_run))
     return found, by_run[found]
 

@@ -4,11 +4,14 @@ It judges every response with :mod:`exporter.core.analysis`, the same core the p
 the driver and the proxy agree on TTFT, TPOT, E2E and success.  Each request carries
 ``X-Bench-Scenario``, ``X-Bench-Round`` and ``X-Request-Id``; before each round the driver
 announces the scenario to the proxy (``POST /-/scenario``) when the base URL goes through
-one, so the boards can show scenario windows.
+one, so the boards can show scenario windows; a run that ends mid-round (interrupted, or an
+error) clears what it announced on its way out (:meth:`Driver.clear_announcement`).  A request
+the proxy answers itself (HTTP 502/504 for an engine it could not reach) keeps the proxy's
+verdict beside the client's: ``proxy_reason`` (``connect_error``, ``timeout``, ...).
 
 Every record also says when the request was due and how late it went out
 (``intended_start_unix``, ``schedule_lag_s``): open loop, an absolute Poisson schedule from
-the round's start; closed loop, the moment its worker was free.  Open-loop records add
+the round's start, or a replayed trace's own timestamps (:mod:`.replay`); closed loop, the moment its worker was free.  Open-loop records add
 ``e2e_from_intended_s``, the E2E counted from when the request was due: a client that falls
 behind its schedule hides that wait from the usual E2E (coordinated omission), not from this.
 The command line is :mod:`exporter.harness.load_cli`.
@@ -22,7 +25,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,7 +41,9 @@ from exporter.proxy.transport import transport_reason
 from .plan import WARMUP, Cell, Plan, PlanError, Stage, load_plan
 from .preflight import check_base_url, check_proxy_scenarios
 from .progress import Progress
+from .replay import Prompts, TraceLine, read_trace
 from .runner import run_plan
+from .sessions import Turn, run_sessions
 from .tables import write_tables
 
 __all__ = ["Cell", "Stage", "Plan", "PlanError", "Driver", "load_plan", "make_prompt", "proxy_verdict"]
@@ -76,6 +81,8 @@ class Driver:
         self.label = label or self.engine or parts.netloc
         self.model = model
         self.rng = random.Random(seed)  # the prompts' words
+        self.seed = seed  # a replayed trace's blocks of words (:mod:`.replay`)
+        self._traces: dict[str, list[TraceLine]] = {}  # the traces read, by path
         self.arrivals = random.Random(f"arrivals-{seed}")  # the Poisson gaps, apart from the prompts
         self.out_dir = out_dir
         self.records = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
@@ -176,10 +183,12 @@ class Driver:
                         f"could not clear the scenario it announced: POST {self.proxy_root}/-/scenario "
                         f"{{\"scenario\": null, \"engine\": \"{self.engine}\"}} by hand")
 
-    def body(self, cell: Cell) -> dict[str, Any]:
-        prompt = make_prompt(self.rng, cell.input_tokens)
+    def body(self, cell: Cell, given: tuple[str, int] | None = None) -> dict[str, Any]:
+        """A request of ``cell``: random words, or ``given`` (prompt, max_tokens) by a replayed trace."""
+        prompt, max_tokens = given if given is not None else (make_prompt(self.rng, cell.input_tokens),
+                                                              cell.output_tokens)
         body: dict[str, Any] = {
-            "model": self.model, "max_tokens": cell.output_tokens, "ignore_eos": True,
+            "model": self.model, "max_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
         }
         if cell.chat:
@@ -189,16 +198,18 @@ class Driver:
         return body
 
     async def one(self, cell: Cell, scenario: str, round_: int, due: Due | None = None,
-                  open_loop: bool = False) -> dict[str, Any]:
+                  open_loop: bool = False, turn: Turn | None = None,
+                  given: tuple[str, int] | None = None) -> dict[str, Any]:
         """Send one request; return its record, judged by the shared core.  ``due``: when it
-        was meant to go out (the schedule's time, open loop; its worker free, closed loop)."""
+        was meant to go out (the schedule's time, open loop; its worker free, closed loop);
+        ``turn``: a session's turn (:mod:`.sessions`), its body, headers and answer."""
         assert self.session is not None
-        body = json.dumps(self.body(cell)).encode()
+        body = json.dumps(self.body(cell, given) if turn is None else turn.body).encode()
         spec = RequestSpec.from_body(body)
         rid = uuid.uuid4().hex
         path = "/v1/chat/completions" if cell.chat else "/v1/completions"
         headers = {"Content-Type": "application/json", "X-Bench-Scenario": scenario,
-                   "X-Bench-Round": str(round_), "X-Request-Id": rid}
+                   "X-Bench-Round": str(round_), "X-Request-Id": rid, **(turn.headers if turn else {})}
         wall = time.time()
         t0 = self.clock()
         analyzer: StreamAnalyzer | None = None
@@ -212,6 +223,8 @@ class Driver:
                 analyzer = StreamAnalyzer(t0, resp.status, spec, streaming=streaming)
                 async for chunk in resp.content.iter_any():
                     analyzer.feed(chunk, self.clock())
+                    if turn is not None:
+                        turn.answer.feed(chunk)
                     if resp.status != 200 and len(refused) < _ERROR_BODY:
                         refused += chunk[:_ERROR_BODY - len(refused)]
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -222,7 +235,7 @@ class Driver:
             analyzer = StreamAnalyzer(t0, None, spec, streaming=True)
         result = analyzer.finish(self.clock(), error, detail)
         record = {"id": rid, "proxy_id": proxy_id, "engine": self.label, "scenario": scenario,
-                  "round": round_, "start_unix": round(wall, 6), **result.as_dict(),
+                  "round": round_, **(turn.fields if turn else {}), "start_unix": round(wall, 6), **result.as_dict(),
                   **_schedule(wall, t0, due, result.e2e_s, open_loop)}
         said = proxy_verdict(result.status, bytes(refused)) if result.reason == "http_status" else None
         if said is not None:  # the proxy answered for an engine it could not use: its record's reason
@@ -269,13 +282,22 @@ class Driver:
                      progress: Progress) -> tuple[list[dict[str, Any]], float]:
         records: list[dict[str, Any]] = []
         wall0, start = time.time(), self.clock()  # one anchor: the due times keep their spacing
-        open_loop = cell.rate is not None
+        open_loop = cell.concurrency is None  # Poisson arrivals, or a trace's own
 
-        async def send(at: float) -> None:
-            rec = await self.one(cell, scenario, round_, Due(at, wall0 + (at - start)), open_loop)
+        async def send(at: float, given: tuple[str, int] | None = None) -> None:
+            rec = await self.one(cell, scenario, round_, Due(at, wall0 + (at - start)), open_loop, given=given)
             records.append(rec)
             progress.tick(rec["outcome"] == "success")
 
+        async def send_turn(turn: Turn, ready: float) -> dict[str, Any]:  # a session cell's (:mod:`.sessions`)
+            rec = await self.one(cell, scenario, round_, Due(ready, wall0 + (ready - start)), turn=turn)
+            progress.tick(rec["outcome"] == "success")
+            return rec
+
+        if cell.sessions is not None and scenario != WARMUP:  # warm-ups are single chat requests
+            records = await run_sessions(cell, round_, send_turn, lambda k: make_prompt(self.rng, k), self.model,
+                                         self.clock)
+            return records, self.clock() - start
         if cell.concurrency is not None:
             remaining = iter(range(n))
 
@@ -287,15 +309,30 @@ class Driver:
 
             await asyncio.gather(*(worker() for _ in range(min(cell.concurrency, n))))
         else:
-            assert cell.rate is not None
-            tasks, at = [], start
-            for i in range(n):  # an absolute schedule: a late send does not push back the next
-                if i:
-                    at += self.arrivals.expovariate(cell.rate)
+            tasks = []
+            for i, (at, given) in enumerate(self._arrivals(cell, scenario, round_, n, start)):
+                if i:  # an absolute schedule: a late send does not push back the next
                     await asyncio.sleep(max(0.0, at - self.clock()))
-                tasks.append(asyncio.create_task(send(at)))
+                tasks.append(asyncio.create_task(send(at, given)))
             await asyncio.gather(*tasks)
         return records, self.clock() - start
+
+    def _arrivals(self, cell: Cell, scenario: str, round_: int, n: int,
+                  start: float) -> Iterator[tuple[float, tuple[str, int] | None]]:
+        """When each open-loop request is due: Poisson arrivals at the cell's rate, or a trace's own
+        timestamps over ``speedup``, each with its prompt and max_tokens (:mod:`.replay`)."""
+        if cell.trace is None:
+            assert cell.rate is not None
+            at = start
+            for i in range(n):
+                at += self.arrivals.expovariate(cell.rate) if i else 0.0
+                yield at, None
+            return
+        if cell.trace not in self._traces:
+            self._traces[cell.trace] = read_trace(cell.trace)
+        prompts = Prompts(cell.block_size, f"{self.seed}/{scenario}/{round_}", make_prompt)  # a round's own text
+        for i, line in enumerate(self._traces[cell.trace][:n]):
+            yield start + line.offset_s / cell.speedup, (prompts.text(line, i), line.output_length)
 
     async def run_plan(self, plan: Plan) -> dict[str, Any]:
         """Every stage in order (see :mod:`exporter.harness.runner`); writes the tables to

@@ -5,6 +5,10 @@ Before the first benchmark request it checks, in this order: the plan (or the op
 never mix in one requests.jsonl), the base URL (``GET /v1/models``) and, through the proxy,
 that the proxy knows every scenario name the run will use (``GET /-/scenarios``; warm-ups
 are labelled ``warmup``).  ``--no-proxy`` drives an engine directly and skips the last check.
+
+A SIGINT (Ctrl-C) or SIGTERM cancels the run; on its way out the driver clears the scenario it
+announced (``POST /-/scenario`` with ``null``), so that the next client's requests are not
+labelled with it, and the command exits with 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from exporter.evidence.outdir import OutDirError, check_out, prepare_out
 
-from .cliutil import HelpFormatter, UserError, fail, non_negative_int, positive_float, positive_int
+from .cliutil import HelpFormatter, UserError, fail, non_negative_float, non_negative_int, positive_float, positive_int
 from .load import Driver
 from .plan import WARMUP, Plan, PlanError, Stage, cell_from_options, load_plan, scenario_names
 from .preflight import check_url_syntax
@@ -30,16 +34,22 @@ __all__ = ["add_parser", "cmd_load"]
 def _plan_from_args(args: argparse.Namespace) -> Plan:
     if args.plan:
         return load_plan(args.plan)
-    missing = [f for f in ("requests", "input_tokens", "output_tokens") if getattr(args, f) is None]
-    if args.concurrency is None and args.rate is None:
+    needed = () if args.trace else ("input_tokens", "output_tokens") if args.sessions else (
+        "requests", "input_tokens", "output_tokens")
+    missing = [f for f in needed if getattr(args, f) is None]
+    if args.concurrency is None and args.rate is None and not args.sessions and not args.trace:
         missing.append("concurrency or --rate")
     if missing:
         raise PlanError("without --plan, give --concurrency or --rate, --requests, --input-tokens and "
-                        f"--output-tokens (missing: {', '.join('--' + m.replace('_', '-') for m in missing)})")
+                        "--output-tokens, or --sessions N --turns T, --input-tokens and --output-tokens, "
+                        f"or --trace FILE (missing: {', '.join('--' + m.replace('_', '-') for m in missing)})")
+    replay = {k: v for k, v in (("trace", args.trace), ("speedup", args.speedup), ("block_size", args.block_size))
+              if v is not None}  # a replayed trace (exporter.harness.replay)
     cell = cell_from_options(scenario=args.scenario, input_tokens=args.input_tokens,
                              output_tokens=args.output_tokens, requests=args.requests,
                              concurrency=args.concurrency, rate=args.rate, rounds=args.rounds,
-                             warmup=args.warmup, chat=args.chat)
+                             warmup=args.warmup, chat=args.chat, sessions=args.sessions, turns=args.turns,
+                             think_time_s=args.think_time, tools=args.tools, **replay)
     return Plan([Stage("adhoc", [cell], args.stop_after_failed_rounds)])
 
 
@@ -135,7 +145,22 @@ _CHECKS = ("Through the proxy (http://HOST:PORT/<engine>) every scenario name th
            f"and '{WARMUP}' for warm-ups, must be in the proxy config's scenarios: list, or the run is refused "
            "before its first request.  Progress goes to stderr: a bar on a terminal, else a line every 10 s.  "
            "The table is the load driver's own, client-side; the proxy's records are the primary numbers "
-           "(evidence summarize).")
+           "(evidence summarize).  Stopped by SIGINT (Ctrl-C) or SIGTERM, it clears the scenario it announced "
+           "to the proxy before it exits (status 130 or 143).")
+
+
+def _add_session_options(p: argparse.ArgumentParser) -> None:
+    """``--sessions N --turns T [--think-time S] [--tools]``: a session cell (:mod:`.sessions`)."""
+    p.add_argument("--sessions", metavar="N", type=positive_int,
+                   help="N multi-turn chat sessions at once, each sending its whole history with X-Session-ID "
+                        "(default: none, single requests); each round is N x --turns requests")
+    p.add_argument("--turns", metavar="T", type=positive_int, default=1,
+                   help="turns per session: each adds --input-tokens of user text and asks for --output-tokens")
+    p.add_argument("--think-time", metavar="S", type=non_negative_float, default=0.0,
+                   help="seconds a session waits between an answer and its next turn")
+    p.add_argument("--tools", action="store_true",
+                   help="sessions offer a tool and answer each tool call with a tool message, carried by the next "
+                        "turn (default: no tools)")
 
 
 def add_parser(sub: Any) -> None:
@@ -156,6 +181,15 @@ def add_parser(sub: Any) -> None:
     mode.add_argument("--rate", metavar="R", type=positive_float,
                       help="requests per second, Poisson arrivals, open loop (default: none; without --plan give "
                            "this or --concurrency)")
+    mode.add_argument("--trace", metavar="FILE",
+                      help="replay a Mooncake trace (evidence trace writes one) open loop at its timestamps: "
+                           "equal hash_ids give equal prompt blocks, output_length is max_tokens with ignore_eos; "
+                           "--requests takes its first lines, each round replays it with text of its own "
+                           "(default: none)")
+    p.add_argument("--speedup", metavar="X", type=positive_float,
+                   help="with --trace: its timestamps divided by X (default: 1, as recorded)")
+    p.add_argument("--block-size", metavar="N", type=positive_int,
+                   help="with --trace: tokens per hash id, as the trace's note says (default: 512)")
     p.add_argument("--requests", metavar="N", type=positive_int,
                    help="requests per round (default: none; needed without --plan)")
     p.add_argument("--rounds", metavar="N", type=positive_int, default=1, help="rounds per scenario")
@@ -166,6 +200,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output-tokens", metavar="O", type=positive_int,
                    help="max_tokens of each request, with ignore_eos (default: none; needed without --plan)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")
+    _add_session_options(p)
     p.add_argument("--plan", metavar="FILE",
                    help="plan YAML: stages of cells and sweeps, see examples/plans/ (default: none; "
                         "one cell from the options above)")

@@ -16,6 +16,13 @@ A plan file::
           levels: [0.3, 0.48, 0.66]          # or start, max and one of step / factor
           goodput_target: 0.9                # a level meets the SLO when its goodput ratio >= this
           cell: {scenario: rate, input_tokens: 1024, output_tokens: 128, requests: 200}
+      - name: agents                         # session cells: multi-turn chat, the history growing
+        cells:
+          - {scenario: chat-s8, input_tokens: 256, output_tokens: 64, sessions: 8, turns: 4,
+             think_time_s: 1.0, tools: true}  # requests (32) and concurrency (8) follow
+      - name: replay                         # a trace cell: a Mooncake trace at its own arrivals
+        cells:
+          - {scenario: replay, trace: last-week.jsonl, speedup: 2.0, block_size: 512, rounds: 3}
 
 Unknown keys are refused with their path, types are checked strictly (``1k`` is not a
 number, ``2.5`` is not a count), and ``nan``/``inf`` are refused.  Every mistake surfaces as
@@ -35,8 +42,10 @@ from pydantic.dataclasses import dataclass
 
 from exporter.proxy.config import Slo
 
+from .replay import TraceFileError, trace_shape
+
 __all__ = ["Cell", "Stage", "Sweep", "Plan", "PlanError", "load_plan", "cell_from_options", "sweep_cells",
-           "MAX_SWEEP_LEVELS", "WARMUP", "scenario_names"]
+           "MAX_SWEEP_LEVELS", "WARMUP", "scenario_names", "session_shape"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 PosInt = Annotated[int, Field(ge=1)]
@@ -63,11 +72,40 @@ class Cell:
     rounds: PosInt = 1
     warmup: Annotated[int, Field(ge=0)] = 0
     chat: bool = False
+    #: a session cell (:mod:`exporter.harness.sessions`): this many sessions at once, each of ``turns``
+    #: chat turns carrying the whole history; ``requests`` is sessions × turns, ``concurrency`` sessions
+    sessions: PosInt | None = None
+    turns: PosInt = 1
+    think_time_s: Annotated[float, Field(ge=0)] = 0.0  # seconds between an answer and the next turn
+    tools: bool = False  # offer a tool; answer each tool call with a tool message
+    #: a trace cell (:mod:`exporter.harness.replay`): a Mooncake trace's lines replayed open loop at its
+    #: timestamps divided by ``speedup``; ``requests`` is its first lines (default: all), ``input_tokens``
+    #: and ``output_tokens`` its longest (the tables' shape); ``block_size``: tokens per hash id
+    trace: Annotated[str, Field(min_length=1)] | None = None
+    speedup: PosFloat = 1.0
+    block_size: PosInt = 512
 
     @model_validator(mode="after")
     def _one_load_level(self) -> Cell:
+        if self.trace is not None:
+            if self.concurrency is not None or self.rate is not None or self.sessions is not None:
+                raise ValueError("a trace cell replays the trace's own arrivals: leave concurrency, rate and "
+                                 "sessions out")
+            return self
+        if self.speedup != 1.0 or self.block_size != 512:
+            raise ValueError("speedup and block_size need trace")
         if (self.concurrency is None) == (self.rate is None):
             raise ValueError("give exactly one of concurrency and rate")
+        if self.sessions is None:
+            if self.turns != 1 or self.think_time_s or self.tools:
+                raise ValueError("turns, think_time_s and tools need sessions")
+            return self
+        if self.rate is not None or self.concurrency != self.sessions or not self.chat:
+            raise ValueError("a session cell runs its sessions at once, in chat: leave rate, concurrency and "
+                             "chat out (or set concurrency to sessions and chat true)")
+        if self.requests != self.sessions * self.turns:
+            raise ValueError(f"a session cell sends sessions × turns = {self.sessions * self.turns} requests a "
+                             f"round: leave requests out (got {self.requests})")
         return self
 
 
@@ -160,8 +198,31 @@ def _describe(exc: ValidationError, prefix: str, from_defaults: Mapping[str, Any
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
+def session_shape(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A session cell's options with what ``sessions`` and ``turns`` imply filled in: ``requests``
+    (sessions × turns), ``concurrency`` (sessions) and ``chat``; other options as they are."""
+    out = dict(options)
+    sessions = out.get("sessions")
+    if type(sessions) is int and sessions > 0:
+        turns = out.get("turns", 1)
+        if out.get("requests") is None and type(turns) is int:
+            out["requests"] = sessions * turns
+        if out.get("concurrency") is None and out.get("rate") is None:
+            out["concurrency"] = sessions
+        out["chat"] = True
+    return out
+
+
+def _shape(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell's options with what its sessions or its trace imply filled in (a bad trace: PlanError)."""
+    try:
+        return trace_shape(session_shape(options))
+    except TraceFileError as exc:
+        raise PlanError(f"trace: {exc}") from None
+
+
 def _cell(data: Mapping[str, Any], defaults: Mapping[str, Any], path: str) -> Cell:
-    merged = {**defaults, **data}
+    merged = _shape({**defaults, **data})
     try:
         return Cell(**merged)
     except ValidationError as exc:
@@ -272,7 +333,7 @@ def scenario_names(plan: Plan) -> list[str]:
 def cell_from_options(**options: Any) -> Cell:
     """A cell from command-line options; a bad value names its option."""
     try:
-        return Cell(**options)
+        return Cell(**_shape(options))
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = [str(p) for p in err["loc"]]

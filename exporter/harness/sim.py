@@ -3,7 +3,9 @@
 Token counting is deterministic and needs no tokenizer: a prompt has one token per
 whitespace-separated word (chat: words of all message contents); each output token is one
 word such as ``" tok17"``.  The load driver builds prompts of exactly ``--input-tokens``
-words, so the simulated usage matches the request.
+words, so the simulated usage matches the request.  With ``--tokenizer PATH`` the prompt tokens are
+the model's own count instead (its chat template applied to chat requests, as the engine would), so
+that a replayed trace keeps its lengths.
 
 Performance model (seconds, then divided by ``speed``):
 
@@ -33,32 +35,23 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from exporter.proxy.exposition import metrics_response
+from exporter.proxy.prompttokens import PromptTokenizer, TokenizerError
 
 from .cliutil import HelpFormatter, UserError, bind_listen, fail, finite_float
+from .sim_cache import prompt_words
 from .sim_engine import FAULTS, PROFILES, SimEngine, SimParams
 from .sim_identity import add_identity_routes
-from .sim_wire import DONE, Wire
+from .sim_wire import DONE, Wire, request_metrics
 
 __all__ = ["SimParams", "PROFILES", "FAULTS", "create_sim_app", "add_parser", "count_prompt_tokens"]
 
 def count_prompt_tokens(body: dict[str, Any]) -> int:
     """The documented token count: whitespace-separated words of the prompt or messages."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list):
-        prompt = " ".join(p for p in prompt if isinstance(p, str))
-    if isinstance(prompt, str):
-        return len(prompt.split())
-    n = 0
-    for msg in body.get("messages") or []:
-        content = msg.get("content") if isinstance(msg, dict) else None
-        if isinstance(content, str):
-            n += len(content.split())
-        elif isinstance(content, list):
-            n += sum(len(p.get("text", "").split()) for p in content if isinstance(p, dict))
-    return n
+    return len(prompt_words(body))
 
 
 SIM = web.AppKey("sim", SimEngine)
+TOKENIZER = web.AppKey("tokenizer", PromptTokenizer)
 
 
 def _error(message: str, code: int, kind: str = "BadRequestError") -> web.Response:
@@ -78,6 +71,12 @@ class _Job:
     fault: str | None
     wire: Wire
     arrival: float
+    words: list[str]  # the prompt's tokens, for the prefix cache
+    tool: str | None = None  # answer with a call of this function, not text (sim_cache)
+    cached: int | None = None  # prompt tokens found in the prefix cache (None: no cache)
+    queue_s: float = 0.0  # waiting for a slot and for the prefill, by the engine's clock
+    prefill_s: float = 0.0  # scheduled to the first token
+    first_token: float = 0.0  # monotonic time of the first token
 
 
 async def _parse(request: web.Request, sim: SimEngine) -> _Job | web.Response:
@@ -96,19 +95,40 @@ async def _parse(request: web.Request, sim: SimEngine) -> _Job | web.Response:
     if fault in ("http_500", "http_503"):
         code = 500 if fault == "http_500" else 503
         return _error(f"simulated HTTP {code}", code, "ServerError")
-    return _Job(chat=chat, stream=stream, max_tokens=max_tokens, prompt_tokens=count_prompt_tokens(body),
+    words = prompt_words(body)
+    return _Job(chat=chat, stream=stream, max_tokens=max_tokens,
+                prompt_tokens=await _prompt_tokens(request.app.get(TOKENIZER), body, chat, len(words)),
                 include_usage=bool((body.get("stream_options") or {}).get("include_usage")) or not stream,
                 fault=fault, wire=Wire(sim.p.profile, str(body.get("model") or sim.p.model), chat),
-                arrival=time.monotonic())
+                arrival=time.monotonic(), words=words, tool=sim.tool_call(body, chat))
 
 
 async def _prefill(sim: SimEngine, job: _Job) -> None:
     """Prefills run one at a time (the shared lock), then the engine's TTFT is observed."""
     m, p = sim.metrics, sim.p
+    waiting = time.monotonic()
     async with sim.prefill_lock:
-        await asyncio.sleep(sim.scaled(p.prefill_base_s + p.prefill_per_token_s * job.prompt_tokens))
+        scheduled = time.monotonic()
+        job.queue_s += scheduled - waiting  # waiting for the prefill is queueing, as the engine sees it
+        if p.prefix_cache_block > 0:  # what the cache holds is not prefilled again; the answer gets cached too
+            job.cached = sim.cache.serve(job.words)
+            if job.tool is None:
+                sim.cache.serve(job.words + [f"tok{i}" for i in range(job.max_tokens)])
+        todo = job.prompt_tokens - (job.cached or 0)
+        await asyncio.sleep(sim.scaled(p.prefill_base_s + p.prefill_per_token_s * todo))
+    job.first_token = time.monotonic()
+    job.prefill_s = job.first_token - scheduled
+    if m.queue_time is not None:
+        m.lv(m.queue_time).observe(job.queue_s)
     m.lv(m.prompt_tokens).inc(job.prompt_tokens)
-    m.lv(m.ttft).observe(time.monotonic() - job.arrival)
+    m.lv(m.ttft).observe(job.first_token - job.arrival)
+
+
+def _request_metrics(sim: SimEngine, job: _Job, tokens: int) -> dict[str, Any] | None:
+    """vLLM's per-request metrics object, when the simulated vLLM is started with it."""
+    if sim.p.profile != "vllm" or not sim.p.per_request_metrics:
+        return None
+    return request_metrics(job.queue_s, job.prefill_s, time.monotonic() - job.first_token, tokens)
 
 
 async def _whole(sim: SimEngine, job: _Job) -> web.Response:
@@ -118,12 +138,15 @@ async def _whole(sim: SimEngine, job: _Job) -> web.Response:
     sim.note_tokens(job.max_tokens)
     text = "" if job.fault == "empty_text" else "".join(f" tok{i}" for i in range(job.max_tokens))
     sim.metrics.lv(sim.metrics.e2e).observe(time.monotonic() - job.arrival)
-    return web.json_response(job.wire.document(text, job.prompt_tokens, job.max_tokens))
+    doc = job.wire.document(text, job.prompt_tokens, job.max_tokens, job.cached, job.tool)
+    metrics = _request_metrics(sim, job, job.max_tokens)
+    return web.json_response({**doc, "metrics": metrics} if metrics else doc)
 
 
 async def _stream(request: web.Request, resp: web.StreamResponse, sim: SimEngine, job: _Job) -> None:
     """The token events, then finish/usage/[DONE] as the profile spells them, with the job's fault."""
     wire, n, fault, vllm = job.wire, job.max_tokens, job.fault, sim.p.profile == "vllm"
+    end = "tool_calls" if job.tool else "length"
     if job.chat:
         await resp.write(wire.role())
     for i in range(n):
@@ -136,14 +159,15 @@ async def _stream(request: web.Request, resp: web.StreamResponse, sim: SimEngine
             if request.transport is not None:
                 request.transport.abort()
             return
-        finish = "length" if i == n - 1 and (vllm or not job.chat) else None
-        await resp.write(wire.token("" if fault == "empty_text" else f" tok{i}", finish))
+        finish = end if i == n - 1 and (vllm or not job.chat) else None
+        text = "" if fault == "empty_text" else f" tok{i}"
+        await resp.write(wire.tool(i, n, job.tool, finish) if job.tool else wire.token(text, finish))
         sim.note_tokens(1)
     else:
         if job.chat and not vllm:
-            await resp.write(wire.finish())
+            await resp.write(wire.finish(end))
         if job.include_usage and fault != "missing_usage":
-            await resp.write(wire.usage(job.prompt_tokens, n))
+            await resp.write(wire.usage(job.prompt_tokens, n, job.cached, _request_metrics(sim, job, n)))
     if fault != "missing_done":
         await resp.write(DONE)
     sim.metrics.lv(sim.metrics.e2e).observe(time.monotonic() - job.arrival)
@@ -165,10 +189,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     sim.kv_tokens += job.prompt_tokens + job.max_tokens
     sim.update_gauges()
     try:
-        m = sim.metrics
-        if m.queue_time is not None:
-            m.lv(m.queue_time).observe(time.monotonic() - job.arrival)
-        if job.fault == "slow_first_byte":
+        job.queue_s = time.monotonic() - job.arrival  # waiting for a slot; the prefill's wait follows
+        if job.fault == "slow_first_byte":  # outside the engine's clock
             await asyncio.sleep(sim.scaled(sim.p.slow_first_byte_s))
         if not job.stream:
             await _prefill(sim, job)
@@ -200,10 +222,21 @@ async def _metrics(request: web.Request) -> web.Response:
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 
 
-def create_sim_app(params: SimParams) -> web.Application:
+async def _prompt_tokens(tok: PromptTokenizer | None, body: dict[str, Any], chat: bool, words: int) -> int:
+    """The prompt's tokens: its words, or (``--tokenizer``) the model's own count, tokenized in a thread
+    (the chat template applied); words still where the tokenizer cannot tell (no chat template)."""
+    if tok is None:
+        return words
+    ids = await asyncio.to_thread(tok.prompt_ids, body, chat)
+    return words if ids is None else len(ids)
+
+
+def create_sim_app(params: SimParams, tokenizer: PromptTokenizer | None = None) -> web.Application:
     app = web.Application(client_max_size=64 << 20)
     registry = CollectorRegistry()
     app[REGISTRY] = registry
+    if tokenizer is not None:  # prompt tokens counted by the model's tokenizer, not as words
+        app[TOKENIZER] = tokenizer
 
     async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SIM] = SimEngine(params, registry)
@@ -231,6 +264,11 @@ _HELP = {
     "speed": "divides every time: 2 runs twice as fast",
     "slow_first_byte_s": "seconds of the slow_first_byte fault's delay",
     "seed": "seed of the fault draws",
+    "prefix_cache_block": "tokens per prefix-cache block (0: no prefix cache, no cached_tokens in usage)",
+    "tool_call_rate": "chance that a later user turn offering tools gets a tool call (the first always does)",
+    "per_request_metrics": "vLLM profile: a metrics object with each usage (queue_time_ms, time_to_first_token_ms, "
+                           "generation_time_ms, mean_itl_ms, tokens_per_second), as vLLM's "
+                           "--enable-per-request-metrics",
 }
 
 
@@ -240,7 +278,7 @@ def _check_types(data: dict[str, Any], source: str) -> None:
         if f.name not in data:
             continue
         v, kind = data[f.name], type(f.default)
-        ok = isinstance(v, kind) and not isinstance(v, bool)
+        ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
         if kind is float:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         if not ok:
@@ -290,10 +328,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
     try:
         params = build_params(args.profile, args.config, **overrides)
         host, port = parse_listen(args.listen)
+        tokenizer = PromptTokenizer(Path(args.tokenizer)) if args.tokenizer else None
         sock = bind_listen(host, port)
-    except (ValueError, UserError) as exc:
+    except (ValueError, UserError, TokenizerError) as exc:
         return fail("sim", exc)
-    web.run_app(create_sim_app(params), sock=sock, access_log=None, print=None)
+    web.run_app(create_sim_app(params, tokenizer), sock=sock, access_log=None, print=None)
     return 0
 
 
@@ -317,10 +356,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--profile", choices=sorted(PROFILES), required=True, help="engine to simulate (required)")
     p.add_argument("--listen", default="127.0.0.1:30001", help="HOST:PORT to serve on")
     p.add_argument("--config", help="YAML file with SimParams keys (default: none)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="count prompt tokens with this model's tokenizer (its directory or tokenizer.json; the "
+                        "chat template applied to chat requests; needs the trace extra), so that a replayed "
+                        "trace keeps its lengths (default: none, one token per whitespace-separated word)")
     for f in fields(SimParams):
         if f.name == "profile":
             continue
         kind = type(f.default)
+        if kind is bool:  # a switch, off by default
+            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, action="store_true",
+                           help=_field_help(f.name))
+            continue
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, help=_field_help(f.name),
                        type=(finite_float if kind is float else kind))
     p.set_defaults(func=cmd_sim)

@@ -11,6 +11,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .sim_cache import PrefixCache, tool_call_wanted
+
 __all__ = ["SimEngine", "SimParams", "PROFILES", "ThroughputWindow", "FAULTS"]
 
 FAULTS = ("empty_text", "disconnect", "sse_error", "missing_usage", "missing_done",
@@ -38,6 +40,9 @@ class SimParams:
     fault_http_500: float = 0.0
     fault_http_503: float = 0.0
     fault_slow_first_byte: float = 0.0
+    prefix_cache_block: int = 16  # tokens per prefix-cache block; 0: no cache, no cached_tokens in usage
+    tool_call_rate: float = 0.0  # chance of a tool call on a later user turn offering tools (sim_cache)
+    per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics: a metrics object with the usage
 
     def rate(self, fault: str) -> float:
         return float(getattr(self, f"fault_{fault}"))
@@ -133,6 +138,9 @@ class SimEngine:
         self.waiting = 0
         self.kv_tokens = 0
         self.hangups = 0  # streams the client left before their end
+        block = params.prefix_cache_block
+        self.cache = PrefixCache(block, params.kv_capacity_tokens // block if block > 0 else 0)
+        self.tool_rng = random.Random(f"tools-{params.seed}")  # apart from the fault draws
         self.metrics = _EngineMetrics(params.profile, params.model, registry)
         self.window = ThroughputWindow()
         if params.profile == "sglang":  # computed when /metrics is scraped, not per token
@@ -151,6 +159,10 @@ class SimEngine:
             if roll < acc:
                 return f
         return None
+
+    def tool_call(self, body: dict[str, Any], chat: bool) -> str | None:
+        """The function a chat answer calls instead of text (None: text), see :mod:`.sim_cache`."""
+        return tool_call_wanted(body, self.tool_rng, self.p.tool_call_rate) if chat else None
 
     def step_time(self) -> float:
         return self.scaled(self.p.decode_base_s + self.p.decode_per_running_s * self.running)

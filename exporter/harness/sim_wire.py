@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-__all__ = ["Wire", "DONE"]
+__all__ = ["Wire", "DONE", "usage_doc", "tool_arguments", "request_metrics"]
 
 
 def _now() -> int:
@@ -48,18 +48,34 @@ class Wire:
                  "reasoning_content": None, "tool_calls": None}
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}
 
+    def tool(self, i: int, n: int, name: str, finish: str | None = None) -> bytes:
+        """Token ``i`` of ``n`` of a tool call: the first names the function, each adds one token of
+        its JSON arguments (``{"query": "tok0 tok1 ..."}``)."""
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": tool_arguments(i, n)}}
+        if i == 0:
+            call = {"id": f"call-{self.id[-12:]}", "type": "function", "index": 0,
+                    "function": {"name": name, "arguments": call["function"]["arguments"]}}
+        delta: dict[str, Any] = {"tool_calls": [call]}
+        if not self.vllm:
+            delta = {"role": None, "content": None, "reasoning_content": None, **delta}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if not self.vllm:
+            choice["matched_stop"] = None
+        return self._chunk([choice])
+
     def role(self) -> bytes:
         return self._chunk([self._choice(None, None, role=True)])
 
     def token(self, text: str, finish: str | None = None) -> bytes:
         return self._chunk([self._choice(text, finish)])
 
-    def finish(self) -> bytes:
-        return self._chunk([self._choice(None, "length")])
+    def finish(self, reason: str = "length") -> bytes:
+        return self._chunk([self._choice(None, reason)])
 
-    def usage(self, prompt: int, completion: int) -> bytes:
-        return self._chunk([], usage={"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                                      "completion_tokens": completion})
+    def usage(self, prompt: int, completion: int, cached: int | None = None,
+              metrics: dict[str, Any] | None = None) -> bytes:
+        """The usage chunk; with ``metrics`` (vLLM's per-request metrics object) beside the usage."""
+        return self._chunk([], usage=usage_doc(prompt, completion, cached), **({"metrics": metrics} if metrics else {}))
 
     def error(self) -> bytes:
         if self.vllm:
@@ -70,16 +86,47 @@ class Wire:
                    "param": None, "code": 400}
         return b"data: " + json.dumps({"error": err}).encode() + b"\n\n"
 
-    def document(self, text: str, prompt: int, completion: int) -> dict[str, Any]:
+    def document(self, text: str, prompt: int, completion: int, cached: int | None = None,
+                 tool: str | None = None) -> dict[str, Any]:
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": "length"}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool is not None:
+                args = "".join(tool_arguments(i, completion) for i in range(completion))
+                message = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": f"call-{self.id[-12:]}", "type": "function", "function": {"name": tool, "arguments": args}}]}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                      "finish_reason": "length" if tool is None else "tool_calls"}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice],
-                "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                          "completion_tokens": completion}}
+                "usage": usage_doc(prompt, completion, cached)}
+
+
+def usage_doc(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    """The usage object; ``prompt_tokens_details.cached_tokens`` where the engine keeps a prefix cache."""
+    doc: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                           "completion_tokens": completion}
+    if cached is not None:
+        doc["prompt_tokens_details"] = {"cached_tokens": cached}
+    return doc
+
+
+def request_metrics(queue_s: float, prefill_s: float, generation_s: float, tokens: int) -> dict[str, Any]:
+    """vLLM's per-request ``metrics`` object (``--enable-per-request-metrics``) from the simulated
+    clock: queued to scheduled, scheduled to the first token, first to last token (ms), as vLLM
+    derives them from its own stamps."""
+    inference_s = prefill_s + generation_s
+    return {"time_to_first_token_ms": prefill_s * 1000, "generation_time_ms": generation_s * 1000,
+            "queue_time_ms": queue_s * 1000,
+            "mean_itl_ms": generation_s / (tokens - 1) * 1000 if tokens > 1 else None,
+            "tokens_per_second": tokens / inference_s if inference_s > 0 else None}
+
+
+def tool_arguments(i: int, n: int) -> str:
+    """Token ``i`` of ``n`` of a tool call's arguments: together ``{"query": "tok0 ... tok{n-1}"}``."""
+    part = f"tok{i}" if i == 0 else f" tok{i}"
+    return ('{"query": "' if i == 0 else "") + part + ('"}' if i == n - 1 else "")
 
 
 DONE = b"data: [DONE]\n\n"

@@ -169,12 +169,13 @@ class LocalStack:
     def start(self, *, scenarios: Sequence[str], speed: float, vllm_faults: Sequence[str] = (),
               gpu: str = "off", gpu_interval_s: float = 5.0, seed: int = 7) -> None:
         """The engines and the proxy (records in ``out/records``), ready; Prometheus's config
-        rendered for them."""
+        rendered for them.  The simulated vLLM tells its own clock per request, as the real one
+        started with ``--enable-per-request-metrics`` (where TTFT goes)."""
         for name in ENGINES:
-            faults = list(vllm_faults) if name == "vllm" else []
+            flags = [*vllm_faults, "--per-request-metrics"] if name == "vllm" else []
             self.children.append(Child(f"sim-{name}", exporter_argv(
                 "sim", "--profile", name, "--listen", f"127.0.0.1:{self.ports[name]}",
-                "--speed", str(speed), "--seed", str(seed), *faults), self.logs))
+                "--speed", str(speed), "--seed", str(seed), *flags), self.logs))
         config = {
             "listen": f"127.0.0.1:{self.ports['proxy']}",
             "engines": [{"name": n, "upstream": f"http://127.0.0.1:{self.ports[n]}"} for n in ENGINES],

@@ -21,7 +21,8 @@ from pydantic import (
 
 from dashboards.mixin import CONFIG as MIXIN
 
-__all__ = ["Config", "ConfigError", "Engine", "Timeouts", "Slo", "Otlp", "Sessions", "load_config", "parse_listen", "parse_gpu"]
+__all__ = ["Config", "ConfigError", "Engine", "Timeouts", "Slo", "Otlp", "Sessions", "Trace", "load_config",
+           "parse_listen", "parse_gpu"]
 
 RESERVED_SCENARIOS = frozenset({"none", "other"})
 _NAME = r"^[a-z0-9_-]+$"
@@ -115,6 +116,24 @@ class Sessions(_Model):
     max: Annotated[int, Field(ge=1)] = 100_000
 
 
+class Trace(_Model):
+    """Trace capture (extra ``trace``): each record keeps ``prefix_hashes``, keyed and chained hashes of
+    its prompt's token blocks, for ``evidence trace`` (a Mooncake trace); no prompt text is kept."""
+
+    #: the model's tokenizer: its directory (tokenizer.json, tokenizer_config.json with the chat
+    #: template) or its tokenizer.json
+    tokenizer: Path
+    #: tokens per hashed block (AIPerf's default block size is 512)
+    block_size: Annotated[int, Field(ge=1, le=1 << 20)] = 512
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, v: Path) -> Path:
+        if not (v / "tokenizer.json" if v.is_dir() else v).is_file():
+            raise ValueError(f"no tokenizer.json at {v}")
+        return v
+
+
 class Config(_Model):
     listen: str = "127.0.0.1:9464"
     engines: Annotated[list[Engine], Field(min_length=1)]
@@ -133,6 +152,7 @@ class Config(_Model):
     slo_by_scenario: dict[str, Slo] = {}
     otlp: Otlp | None = None
     sessions: Sessions = Sessions()
+    trace: Trace | None = None  # off by default
     #: the SHA-256 of the file this config was read from (:func:`load_config`; None otherwise)
     _source_sha256: str | None = PrivateAttr(default=None)
 

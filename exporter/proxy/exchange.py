@@ -28,6 +28,7 @@ from .records import Capture
 from .relay import ClientGone, Relay
 from .scenarios import MAX_ROUND
 from .state import ProxyState
+from .trace import Traced
 from .transport import transport_reason
 from .upstream import origin_of, request_head
 
@@ -70,6 +71,7 @@ class Exchange:
         self.usage_injected = False
         self.t0 = time.time()
         self.lag_mark = state.loop_lag.mark()
+        self.trace: asyncio.Future[Traced] | None = None  # the prompt's hashes (config trace)
 
     async def run(self) -> web.StreamResponse:
         state = self.state
@@ -128,6 +130,7 @@ class Exchange:
                 "verdict": {"outcome": result.outcome, "reason": result.reason},
                 "record": {k: getattr(self.identity, k) for k in ("engine", "scenario", "round", "route")},
             },
+            trace=self.trace,
         )
 
     def _identity(self) -> Identity:
@@ -152,6 +155,8 @@ class Exchange:
         """Read the request, relay it; return (transport reason, detail)."""
         try:
             body = await self.request.read()
+            if self.state.tracer is not None:  # config trace: tokenized in its thread while the engine works
+                self.trace = self.state.tracer.submit(body, self.path.endswith("chat/completions"))
             self._inspect(body)
             await self._relay(body)
         except ClientGone:

@@ -28,6 +28,7 @@ from exporter.core.timefmt import iso
 from .config import Config
 from .metrics import ProxyMetrics
 from .records import Capture, JsonlWriter, write_capture
+from .trace import Traced
 
 __all__ = ["Identity", "Measurement", "Finisher", "Observer", "FailureLog", "CLIENT_BOUND_SHARE"]
 
@@ -59,12 +60,14 @@ class Identity:
     route: str
     stream: bool
     model: str | None
+    session_id: str | None = None  # X-Session-ID, else X-Correlation-ID (a safe id, else None)
+    turn: int | None = None  # 1, 2, ... within the session, in arrival order (exporter.proxy.sessions)
 
     def fields(self) -> dict[str, Any]:
         """The record's identity fields, in the record's order (``id`` first)."""
         return {"id": self.id, "client_request_id": self.client_request_id, "engine": self.engine,
                 "scenario": self.scenario, "round": self.round, "route": self.route, "stream": self.stream,
-                "model": self.model}
+                "model": self.model, "session_id": self.session_id, "turn": self.turn}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,8 @@ class Measurement:
     client_backpressure_s: float  # time the client left upstream bytes untaken
     capture: Capture | None  # the upstream bytes, when kept
     capture_meta: Mapping[str, Any]  # what the capture's .json says beside the reads
+    #: the prompt's block hashes, still being computed in the trace thread (config ``trace``; None: off)
+    trace: asyncio.Future[Traced] | None = None
 
     @property
     def id(self) -> str:
@@ -166,27 +171,33 @@ class Finisher:
         self.failures = FailureLog()
 
     def finish(self, m: Measurement) -> asyncio.Task[None] | None:
-        """Finish ``m`` now, or, with a capture to write first, in a task (returned)."""
+        """Finish ``m`` now, or, with a capture to write first or its prompt's hashes still being
+        computed, in a task (returned); the metrics move now either way."""
         record = m.record(self.config.slo_for(m.scenario))
         self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
                                      m.timing_uncertainty_s, m.client_backpressure_s)
         self.failures.note(m.engine, m.result.reason, m.result.detail)
         keep = m.capture is not None and (self.config.capture_raw_sse == "all" or not m.result.ok)
-        if not keep:
+        if not keep and (m.trace is None or m.trace.done()):
             self._after_capture(m, record)
             return None
-        return self.spawn(self._with_capture(m, record))
+        return self.spawn(self._with_capture(m, record, keep))
 
-    async def _with_capture(self, m: Measurement, record: dict[str, Any]) -> None:
-        assert m.capture is not None
-        try:
-            record["capture"], record["capture_sha256"] = await asyncio.get_running_loop().run_in_executor(
-                None, write_capture, self.captures_dir, m.id, m.capture, dict(m.capture_meta))
-        except Exception as exc:  # whatever went wrong, the record still goes
-            log.error("capture %s not written: %s: %s", m.id, type(exc).__name__, exc)
+    async def _with_capture(self, m: Measurement, record: dict[str, Any], keep: bool = True) -> None:
+        if keep:
+            assert m.capture is not None
+            try:
+                record["capture"], record["capture_sha256"] = await asyncio.get_running_loop().run_in_executor(
+                    None, write_capture, self.captures_dir, m.id, m.capture, dict(m.capture_meta))
+            except Exception as exc:  # whatever went wrong, the record still goes
+                log.error("capture %s not written: %s: %s", m.id, type(exc).__name__, exc)
+        if m.trace is not None:
+            await asyncio.wait([m.trace])  # never raises
         self._after_capture(m, record)
 
     def _after_capture(self, m: Measurement, record: dict[str, Any]) -> None:
+        if m.trace is not None:
+            record.update(_trace_fields(m.trace))
         try:
             self.requests_log.write(record)
         except (OSError, ValueError) as exc:
@@ -196,3 +207,10 @@ class Finisher:
                 observer.observe(record)
             except Exception:  # an observer's bug must not cost the request
                 log.exception("observer %s failed on %s", type(observer).__name__, m.id)
+
+
+def _trace_fields(done: asyncio.Future[Traced]) -> dict[str, Any]:
+    """The record's ``prefix_hashes`` and ``prefix_tokens`` from a finished trace future."""
+    if done.cancelled() or done.exception() is not None:  # the proxy shut down under it
+        return Traced().fields()
+    return done.result().fields()

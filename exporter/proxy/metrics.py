@@ -160,6 +160,10 @@ class ProxyMetrics:
         self.output_tokens = counter("llmbench_output_tokens",
                                      "Completion tokens from the server's usage, by outcome.", (*_LABELS, "outcome"))
         self.prompt_tokens = counter("llmbench_prompt_tokens", "Prompt tokens from the server's usage.", _LABELS)
+        self.prompt_tokens_cached = counter(
+            "llmbench_prompt_tokens_cached",
+            "Prompt tokens the engine took from its prefix cache (usage.prompt_tokens_details.cached_tokens), "
+            "where it reports them.", _LABELS)
         self.in_flight = Gauge(
             "llmbench_requests_in_flight", "Requests being proxied now.",
             ("engine",), registry=registry, multiprocess_mode="livesum",
@@ -232,6 +236,7 @@ class ProxyMetrics:
             for outcome in ("success", "failure", "client_abort"):
                 self.output_tokens.labels(engine, scenario, outcome)
             self.prompt_tokens.labels(engine, scenario)
+            self.prompt_tokens_cached.labels(engine, scenario)
             self.empty_text.labels(engine, scenario)
             for result in SLO_RESULTS:
                 self.slo.labels(engine, scenario, result)
@@ -239,7 +244,8 @@ class ProxyMetrics:
             self.arrivals.labels(engine, scenario)
             self.backpressure.labels(engine, scenario)
             if scenario in timed:  # histograms are ~180 series each: only where asked
-                for histogram in (self.ttft, self.tpot, self.e2e):
+                for histogram in (self.ttft, self.tpot, self.e2e, self.engine_queue, self.engine_prefill,
+                                  self.ttft_outside):  # the engine's clock too: a short round's parts all count
                     histogram.labels(engine, scenario)
 
     def observe_request(self, engine: str, scenario: str, result: Result, slo_verdict: str | None,
@@ -251,6 +257,8 @@ class ProxyMetrics:
             self.output_tokens.labels(engine, scenario, result.outcome).inc(result.completion_tokens)
         if result.prompt_tokens is not None:
             self.prompt_tokens.labels(engine, scenario).inc(result.prompt_tokens)
+        if result.cached_tokens:
+            self.prompt_tokens_cached.labels(engine, scenario).inc(result.cached_tokens)
         if result.empty_text_200:
             self.empty_text.labels(engine, scenario).inc()
         self.request_uncertainty.labels(engine).observe(uncertainty_s)

@@ -44,7 +44,9 @@ def _preflight(config: Config) -> str | None:
             pass
     except OSError as exc:
         return f"records_dir {config.records_dir}: {exc.strerror or exc}"
-    return check_source(config.gpu)
+    from .trace import check_trace  # loads the tokenizer once: a bad one is one line, before the workers start
+
+    return check_trace(config.trace) or check_source(config.gpu)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -19,6 +19,8 @@ from .looplag import LoopLag
 from .metrics import ProxyMetrics
 from .records import JsonlWriter
 from .scenarios import ScenarioBoard
+from .sessions import SessionTurns
+from .trace import Tracer
 from .upstream import Pool
 
 __all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker", "new_run_id", "InFlight"]
@@ -104,6 +106,7 @@ class ProxyState:
         )
         if worker.shared_scenarios is not None:  # all workers see one scenario state
             self.scenarios = worker.shared_scenarios.wrap(self.scenarios)
+        self.sessions = SessionTurns(config.sessions.idle_s, config.sessions.max)  # records' turn numbers
         self.pool: Pool | None = None  # the proxy's own client to the engines (made at start-up)
         # upstream URLs parsed once, not per request
         self.urls = {(e.name, p): URL(f"{e.base_url}/{p}") for e in config.engines for p in MEASURED.values()}
@@ -112,6 +115,8 @@ class ProxyState:
         self.finisher = Finisher(config, self.metrics, self.requests_log, self.captures_dir, self.observers,
                                  self.spawn)
         self.loop_lag = LoopLag(self.metrics.loop_lag.observe)
+        #: tokenizes and hashes each prompt off the loop (config ``trace``; None when off)
+        self.tracer = Tracer(config.trace, worker.run_id) if config.trace is not None else None
         self.stopping = False  # set at shutdown: cancellation then is ours, not the client's
         self.shutdown_grace_s = 5.0  # requests in flight at shutdown get this long to finish
         self.exchanges = InFlight()  # handler tasks of measured requests
@@ -142,6 +147,8 @@ class ProxyState:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def close(self) -> None:
+        if self.tracer is not None:
+            self.tracer.close()
         self.requests_log.close()
         for observer in self.observers:
             observer.close()

@@ -106,7 +106,13 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         boards = sorted(p.name for p in (out / "dashboards").glob("*.json"))
         assert boards, "the demo writes the dashboards"
         assert (out / "evidence" / "EVIDENCE.md").exists() and (out / "evidence" / "comparison.png").exists()
-        assert (out / "summary" / "summary.md").exists()
+        summary_md = (out / "summary" / "summary.md").read_text()
+        assert "## Per turn" in summary_md and "## Per session" in summary_md, summary_md[-3000:]
+        assert "## Per turn" in log  # the headline the demo prints shows the per-turn table too
+        turns = json.loads((out / "summary" / "summary.json").read_text())["turns"]
+        assert {(t["engine"], t["scenario"], t["turn"]) for t in turns} == {
+            (e, "chat-s4", n) for e in ("sglang", "vllm") for n in (1, 2, 3)}
+        assert all(t["cached_share"] > 0 for t in turns if t["turn"] > 1), turns
         compare = (out / "compare" / "compare.md").read_text()
         assert "vllm against sglang" in compare.lower() and "short-c32" in compare, compare[:500]
         assert (out / "compare" / "compare.csv").exists() and "compare:" in log

@@ -192,7 +192,7 @@ def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(t
 
     from exporter.harness.stack import LocalStack
 
-    from tests.helpers import just_after_a_scrape, require_prometheus
+    from tests.helpers import just_after_a_scrape, require_prometheus, scrapes_since
 
     require_prometheus()
     with LocalStack(tmp_path / "stack") as stack:
@@ -208,7 +208,8 @@ def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(t
             fault = {"X-Sim-Fault": "empty_text"} if int((time.time() - t0) * 10) % 3 == 0 else {}
             _ = requests.post(f"{stack.proxy_url}/vllm/v1/completions", json=body, headers=fault, timeout=10).content
         requests.post(scenario, json={"scenario": None}, timeout=5).raise_for_status()
-        time.sleep(11)  # two scrapes after the round's end
+        # two scrapes after the round's end, and the rules evaluated after them
+        scrapes_since(prom_url, stack.proxy_url.removeprefix("http://"), time.time(), n=2, rules=True)
         events = [json.loads(x) for x in (tmp_path / "stack" / "records" / "scenarios.jsonl").read_text().splitlines()]
         set_at = next(e["unix"] for e in events if e["scenario"] == "blip")
         cleared_at = next(e["unix"] for e in events if e["scenario"] is None and e["unix"] >= set_at)
@@ -268,3 +269,29 @@ def test_an_export_under_the_wrong_job_names_its_selector_and_the_right_job(
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
     assert manifest["job"] == "llmbench-exporter"
     assert 'selected by `{job="llmbench-exporter"}`' in (tmp_path / "ok" / "EVIDENCE.md").read_text()
+
+
+def test_a_round_window_gives_its_totals_from_the_real_counters(live_stack: Any, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC 22: `round_totals` from the proxies' counters, against the real Prometheus.  The count
+    runs between two scrapes around the announced round: at least every record of the round, at
+    most the records of its scenario that ended between those scrapes (a second of slack each side:
+    a scrape is stamped when it starts, the counters are read a little later)."""
+    out = tmp_path / "round"
+    assert evidence_main(["export", "--prometheus", live_stack.prom, "--records", str(live_stack.records),
+                          "--window", "scenario:short-c8#2", "--boards", "comparison", "--out", str(out)]) == 0
+    assert "round totals vllm:" in capsys.readouterr().out
+    totals = json.loads((out / "manifest.json").read_text())["round_totals"]
+    records = load_records(live_stack.records)
+    assert set(totals) == {"sglang", "vllm"}
+    for engine, t in totals.items():
+        mine = [r for r in records if r["engine"] == engine and r["scenario"] == "short-c8"]
+        inside = [r for r in mine if r["round"] == 2]
+        near = [r for r in mine if t["counted_from"] - 1 < r["start_unix"] + r["e2e_s"] <= t["counted_to"] + 1]
+        ok = [r for r in inside if r["outcome"] == "success"]
+        assert t["complete"] and len(inside) <= t["requests"] <= len(near), (engine, t)
+        assert len(ok) <= t["successes"] <= t["requests"]
+        tokens = sum(r["completion_tokens"] for r in ok)
+        assert tokens <= t["output_tokens"] <= sum(r["completion_tokens"] or 0 for r in near if r["outcome"] == "success")
+        assert t["output_tokens_per_s"] == pytest.approx(t["output_tokens"] / t["announced_s"])
+    assert "## Round totals" in (out / "EVIDENCE.md").read_text()

@@ -36,13 +36,12 @@ from exporter.harness.stack import (
     exporter_argv,
     free_port,
     render_prometheus_config,
-    start_prometheus,
     wait_for_scrapes,
     wait_http,
 )
 
 from tests.e2e.test_restart_counts import Stack, _wait
-from tests.helpers import require_prometheus
+from tests.helpers import require_prometheus, scrapes_since
 
 SCENARIO = "short-c1"
 SCRAPE_S = 5.0
@@ -58,11 +57,13 @@ class Site(Stack):
     def __init__(self, out: Path) -> None:
 
         self.out = out
-        self.ports = {n: free_port() for n in (*ENGINES, "p1", "p2", "prometheus", "vm")}
+        # ports chosen here for what refuses port 0 (sim, serve; a proxy restarts on its port):
+        # Prometheus and VictoriaMetrics bind port 0 (Stack.start_prometheus, start_victoriametrics)
+        self.ports = {n: free_port() for n in (*ENGINES, "p1", "p2")}
         self.children: list[Child] = []
         self.proxies: dict[str, Child] = {}
-        self.prom_url = f"http://127.0.0.1:{self.ports['prometheus']}"
-        self.prom = Prometheus(f"http://127.0.0.1:{self.ports['prometheus']}")
+        self.prom_url = ""  # once Prometheus runs
+        self.prom = Prometheus("http://127.0.0.1:1")
         self.vm: Prometheus | None = None
 
     def url(self, proxy: str) -> str:
@@ -89,8 +90,7 @@ class Site(Stack):
         config = render_prometheus_config({MIXIN.job: [self.url(p)[7:] for p in ("p1", "p2")]}, self.out / "prometheus")
         if shutil.which("victoria-metrics"):
             self.start_victoriametrics(config)
-        self.children.append(start_prometheus(config, self.out / "prometheus" / "data", self.ports["prometheus"],
-                                              self.out / "logs"))
+        self.start_prometheus(config)
         wait_for_scrapes(self.prom.url, 2)
 
     def drive(self, proxy: str, requests: int, tag: str) -> None:
@@ -196,7 +196,8 @@ def test_exact_counts_equal_the_records_of_a_window_on_scrapes(site: Site, tmp_p
     t2 = time.time()
     site.drive("p1", 20, "third")
     t3 = time.time()
-    time.sleep(SCRAPE_S + 2)  # the scrapes after the last load
+    for proxy in ("p1", "p2"):  # a scrape of each after the last load, and the rules evaluated after it
+        scrapes_since(site.prom_url, site.url(proxy)[7:], t3, rules=True)
     records = _records(site)
     start, end = _window(site.scrapes("p1"), records, (t0, t1), (t2, t3))
     inside = [r for r in records if start < _ended(r) <= end]

@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from dashboards.catalogue import MIXIN, PANELS, exact_count, expand
-from exporter.evidence.promapi import Prometheus
+from dashboards.promql import COUNT_STEP
+from exporter.evidence.promapi import Prometheus, parse_duration
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.stack import (
     ENGINES,
@@ -31,12 +32,11 @@ from exporter.harness.stack import (
     exporter_argv,
     free_port,
     render_prometheus_config,
-    start_prometheus,
     wait_for_scrapes,
     wait_http,
 )
 
-from tests.helpers import require_prometheus
+from tests.helpers import require_prometheus, scrapes_since, start_prometheus_on_port_0, start_victoriametrics_on_port_0
 
 SCENARIO = "short-c4"
 REQUESTS = {"first": 16, "second": 11}  # different sizes: a restart cannot hide behind equal peaks
@@ -56,7 +56,10 @@ def _wait(what: str, ready: Callable[[], bool], timeout_s: float = 45.0) -> None
 class Stack:
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.ports = {name: free_port() for name in (*ENGINES, "proxy", "prometheus", "vm")}
+        # the sims and the proxy take ports chosen here: ``sim --listen`` and ``serve`` refuse port 0
+        # (and the proxy restarts on its port, the one Prometheus scrapes); Prometheus and
+        # VictoriaMetrics bind port 0 and say which port they got (tests/helpers.py)
+        self.ports = {name: free_port() for name in (*ENGINES, "proxy")}
         self.children: list[Child] = []
         self.proxy: Child | None = None
         self.config = out / "proxy.yaml"
@@ -65,8 +68,8 @@ class Stack:
             "engines": [{"name": n, "upstream": f"http://127.0.0.1:{self.ports[n]}"} for n in ENGINES],
             "scenarios": [SCENARIO, "warmup"], "records_dir": str(out / "records"),
         }))
-        self.prom_url = f"http://127.0.0.1:{self.ports['prometheus']}"
-        self.prom = Prometheus(self.prom_url)
+        self.prom_url = ""  # once Prometheus runs
+        self.prom = Prometheus("http://127.0.0.1:1")
         self.vm: Prometheus | None = None
 
     @property
@@ -85,19 +88,19 @@ class Stack:
         config = render_prometheus_config({MIXIN.job: [f"127.0.0.1:{self.ports['proxy']}"]}, self.out / "prometheus")
         if shutil.which("victoria-metrics"):
             self.start_victoriametrics(config)
-        self.children.append(start_prometheus(config, self.out / "prometheus" / "data", self.ports["prometheus"],
-                                              self.out / "logs"))
+        self.start_prometheus(config)
         wait_for_scrapes(self.prom_url, 1)
+
+    def start_prometheus(self, config: Path) -> None:
+        prom, self.prom_url = start_prometheus_on_port_0(config, self.out / "prometheus" / "data", self.out / "logs")
+        self.children.append(prom)
+        self.prom = Prometheus(self.prom_url)
 
     def start_victoriametrics(self, prom_config: Path) -> None:
         """Debian's single-node VictoriaMetrics, fed by Prometheus's remote_write; the newest
         samples visible after 1 s instead of 30 (``-search.latencyOffset``)."""
-        url = f"http://127.0.0.1:{self.ports['vm']}"
-        vm = Child("victoria-metrics", ["victoria-metrics", f"-storageDataPath={self.out / 'vm'}",
-                                        f"-httpListenAddr=127.0.0.1:{self.ports['vm']}", "-search.latencyOffset=1s"],
-                   self.out / "logs")
+        vm, url = start_victoriametrics_on_port_0(self.out / "vm", self.out / "logs", "-search.latencyOffset=1s")
         self.children.append(vm)
-        wait_http(f"{url}/health", 30, vm)
         doc = yaml.safe_load(prom_config.read_text())
         doc["remote_write"] = [{"url": f"{url}/api/v1/write", "queue_config": {"batch_send_deadline": "1s"}}]
         prom_config.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -162,8 +165,8 @@ def test_exact_counts_survive_a_proxy_restart(stack: Stack) -> None:
     records = _records(records_file)
     assert len(records) == first + 2 * REQUESTS["second"]
     _wait("the second load", lambda: stack.scalar(f"sum({_REQ})") == len(records) - first)
-    time.sleep(6)  # one more count step past the last sample
-    at = time.time()
+    # one more count step past the last sample: a scrape that began a step after it was seen
+    at = scrapes_since(stack.prom_url, f"127.0.0.1:{stack.ports['proxy']}", time.time() + parse_duration(COUNT_STEP))
     range_s = at - t0 + 5  # the whole window, from before the first load: both backends at the same time
 
     _check_counts(stack.prom, records, range_s, at)

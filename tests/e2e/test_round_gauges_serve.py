@@ -34,7 +34,7 @@ async def _drive(url: str) -> tuple[str, list[dict[str, object]]]:
 
 
 def test_400_rounds_through_serve_keep_the_newest_256(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_port()  # serve refuses port 0 and names no bound port
     url = f"http://127.0.0.1:{port}"
     cfg = tmp_path / "proxy.yaml"
     cfg.write_text(yaml.safe_dump({

@@ -34,12 +34,11 @@ from exporter.harness.stack import (
     exporter_argv,
     free_port,
     render_prometheus_config,
-    start_prometheus,
     wait_for_scrapes,
     wait_http,
 )
 
-from tests.helpers import require_prometheus
+from tests.helpers import listening_port, require_prometheus, scrapes_since, start_prometheus_on_port_0
 
 ENGINES = ("sglang", "vllm")
 SCRAPE = "1s"
@@ -90,7 +89,7 @@ class Site:
 def _start_proxies(site: Site) -> None:
     for i in (1, 2):
         for engine in ENGINES:
-            port = site.ports[f"{engine}{i}"] = free_port()
+            port = site.ports[f"{engine}{i}"] = free_port()  # sim and serve refuse port 0 and name no bound port
             faults = ["--fault-empty-text", "0.15"] if engine == "vllm" else []
             sim = site.spawn(f"sim-{engine}{i}", exporter_argv(
                 "sim", "--profile", engine, "--listen", f"127.0.0.1:{port}", "--speed", "1", "--seed", str(i), *faults))
@@ -106,10 +105,12 @@ def _start_proxies(site: Site) -> None:
 
 
 def _start_stores(site: Site, vm_binary: str) -> None:
-    site.ports["vm"], site.ports["prometheus"] = free_port(), free_port()
+    """VictoriaMetrics, then Prometheus writing to it: each bound to port 0, the port read back (the
+    sims and proxies above take chosen ports: ``sim --listen`` and ``serve`` refuse port 0)."""
     vm = site.spawn("victoria-metrics", [
-        vm_binary, f"-httpListenAddr=127.0.0.1:{site.ports['vm']}", f"-storageDataPath={site.tmp / 'vm-data'}",
+        vm_binary, "-httpListenAddr=127.0.0.1:0", f"-storageDataPath={site.tmp / 'vm-data'}",
         f"-http.pathPrefix={VM_PREFIX}", "-search.latencyOffset=1s", "-search.disableCache"])
+    site.ports["vm"] = listening_port(vm.proc.pid)
     wait_http(f"{site.vm}/health", 30, vm)
     out = site.tmp / "prometheus"
     config = render_prometheus_config({
@@ -121,7 +122,9 @@ def _start_stores(site: Site, vm_binary: str) -> None:
     doc["remote_write"][0]["queue_config"]["batch_send_deadline"] = "1s"
     config.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     shutil.copytree(REPO_FILES / "prometheus" / "rules", out / "rules", dirs_exist_ok=True)
-    site.children.append(start_prometheus(config, out / "data", site.ports["prometheus"], site.tmp / "logs"))
+    prom, _ = start_prometheus_on_port_0(config, out / "data", site.tmp / "logs")
+    site.children.append(prom)
+    site.ports["prometheus"] = listening_port(prom.proc.pid)
     wait_for_scrapes(site.prom, 6)
 
 
@@ -144,9 +147,10 @@ def _wait_until_vm_caught_up(site: Site, timeout_s: float = 30.0) -> None:
     want = _count_query(Prometheus(site.prom), site.end)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _count_query(Prometheus(site.vm), site.end) == want:
+        if (got := _count_query(Prometheus(site.vm), site.end)) == want:
             return
         time.sleep(0.5)
+    raise AssertionError(f"VictoriaMetrics has {got}, Prometheus {want} after {timeout_s:.0f} s")
 
 
 @contextlib.contextmanager
@@ -159,7 +163,9 @@ def run_site(tmp: Path) -> Iterator[Site]:
         _start_stores(site, vm_binary)
         site.start = math.floor(time.time())
         asyncio.run(_load(site))
-        time.sleep(4)  # the last counts scraped and evaluated
+        loaded = time.time()
+        for i in (1, 2):  # the last counts scraped, and the rules evaluated after them
+            scrapes_since(site.prom, site.proxy(i)[7:], loaded, rules=True)
         site.end = math.floor(time.time()) - 1
         _wait_until_vm_caught_up(site)
         yield site

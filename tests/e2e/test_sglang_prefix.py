@@ -20,9 +20,9 @@ from aiohttp import web
 
 from dashboards.catalogue import MIXIN, PANELS, expand
 from exporter.evidence.promapi import Prometheus
-from exporter.harness.stack import free_port, render_prometheus_config, start_prometheus, wait_for_scrapes
+from exporter.harness.stack import render_prometheus_config, wait_for_scrapes
 
-from tests.helpers import require_prometheus
+from tests.helpers import require_prometheus, scrapes_since, start_prometheus_on_port_0
 
 SPELLINGS = ("sglang:", "sglang_")
 _BUCKETS = (0.1, 0.5, 1.0)
@@ -45,7 +45,7 @@ class Servers:
     """One aiohttp app per spelling, on a loop in a thread."""
 
     def __init__(self) -> None:
-        self.ports = {p: free_port() for p in SPELLINGS}
+        self.ports: dict[str, int] = {}  # bound to port 0 in _serve, read back
         self.loop = asyncio.new_event_loop()
         self.runners: list[web.AppRunner] = []
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -61,7 +61,8 @@ class Servers:
         app.router.add_get("/metrics", metrics)
         runner = web.AppRunner(app)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.ports[prefix]).start()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self.ports[prefix] = runner.addresses[0][1]
         self.runners.append(runner)
 
     def start(self) -> None:
@@ -82,14 +83,14 @@ def prom(tmp_path: Path) -> Iterator[tuple[Prometheus, dict[str, str]]]:
     servers = Servers()
     servers.start()
     instances = {p: f"127.0.0.1:{port}" for p, port in servers.ports.items()}
-    port = free_port()
     config = render_prometheus_config({MIXIN.sglang_job: list(instances.values())}, tmp_path / "prometheus",
                                       scrape_interval="1s")
-    child = start_prometheus(config, tmp_path / "prometheus" / "data", port, tmp_path / "logs")
+    child, url = start_prometheus_on_port_0(config, tmp_path / "prometheus" / "data", tmp_path / "logs")
     try:
-        url = f"http://127.0.0.1:{port}"
         wait_for_scrapes(url, 2)
-        time.sleep(5)  # a few scrapes: rates over them
+        since = time.time()
+        for instance in instances.values():  # a few scrapes of each: rates over them
+            scrapes_since(url, instance, since, n=5, rules=True)
         yield Prometheus(url), instances
     finally:
         child.stop()

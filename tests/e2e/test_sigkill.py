@@ -23,7 +23,7 @@ def _lines(path: Path) -> int:
 
 
 def test_sigkill_leaves_no_torn_record(tmp_path: Path) -> None:
-    ports = {n: free_port() for n in ("sim", "proxy")}
+    ports = {n: free_port() for n in ("sim", "proxy")}  # sim and serve refuse port 0 and name no bound port
     children = [Child("sim", exporter_argv("sim", "--profile", "vllm", "--listen", f"127.0.0.1:{ports['sim']}",
                                             "--speed", "20", "--fault-disconnect", "0.05"), tmp_path)]
     cfg = tmp_path / "stack.yaml"

@@ -46,7 +46,7 @@ async def _send(url: str, n: int, headers: dict[str, str] | None = None) -> list
 
 
 def test_workers_share_one_view(tmp_path: Path) -> None:
-    ports = {name: free_port() for name in ("sim", "proxy")}
+    ports = {name: free_port() for name in ("sim", "proxy")}  # sim and serve refuse port 0 and name no bound port
     url = f"http://127.0.0.1:{ports['proxy']}"
     cfg = tmp_path / "proxy.yaml"
     cfg.write_text(yaml.safe_dump({
@@ -97,7 +97,7 @@ def _children_of(pid: int) -> list[int]:
 def test_a_dead_worker_stops_the_proxy_at_once(tmp_path: Path) -> None:
     """SIGKILL one worker: serve exits 1 soon after, naming the worker and how it died, and
     stops and reaps the other one (how soon the supervisor is told: tests/unit/test_children.py)."""
-    ports = {name: free_port() for name in ("sim", "proxy")}
+    ports = {name: free_port() for name in ("sim", "proxy")}  # sim and serve refuse port 0 and name no bound port
     cfg = tmp_path / "proxy.yaml"
     cfg.write_text(yaml.safe_dump({
         "listen": f"127.0.0.1:{ports['proxy']}", "records_dir": str(tmp_path / "run"), "scenarios": ["s1"],

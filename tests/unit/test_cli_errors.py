@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from exporter.harness.stack import free_port
-
 ROOT = Path(__file__).resolve().parents[2]
 CELL = "{scenario: a, input_tokens: 4, output_tokens: 2, requests: 2, concurrency: 1}"
 
@@ -239,7 +237,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-    cases = _cases(free_port(), busy.getsockname()[1], port_404, proxy, sim)
+    refused = socket.socket()  # bound and not listening: a connection is refused, and the port stays ours
+    refused.bind(("127.0.0.1", 0))
+    cases = _cases(refused.getsockname()[1], busy.getsockname()[1], port_404, proxy, sim)
     try:
         ran = _run_all(cases, tmp_path_factory.mktemp("cli"))
         yield {case.name: (case, ran[case.name]) for case in cases}
@@ -248,6 +248,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
         busy.close()
+        refused.close()
 
 
 CASE_NAMES = [c.name for c in _cases(1, 2, 3)]

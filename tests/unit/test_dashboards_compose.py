@@ -87,7 +87,9 @@ def test_comparison_board_reproduces_the_seed() -> None:
                                            "Empty-text HTTP 200 responses"}
     assert max(p["gridPos"]["y"] for p in stats) < min(p["gridPos"]["y"] for p in grid)  # stat row above
     for p in grid:
-        assert "histogram_quantile(0.95" in p["targets"][0]["expr"] or "rate(llmbench_output_tokens_total" in p["targets"][0]["expr"]
+        want = ("rate(llmbench_output_tokens_total" if p["title"] == "Successful output throughput"
+                else "histogram_quantile(0.95")
+        assert want in p["targets"][0]["expr"], (p["title"], p["targets"][0]["expr"])
         colors = {o["matcher"]["options"]: o["properties"][0]["value"]["fixedColor"] for o in p["fieldConfig"]["overrides"]}
         assert colors == {f"^{e}.*": c for e, c in ENGINE_COLORS.items()}
     assert ENGINE_COLORS["sglang"] == "#1f77b4" and ENGINE_COLORS["vllm"] == "#ff7f0e"  # blue, orange
@@ -317,13 +319,22 @@ def test_compose_scale_profile_two_sites_one_store() -> None:
     assert {"exporter", "exporter-b", "vllm", "vllm-b", "sglang", "sglang-b"} == scraped
 
 
-def _start_agent(agent: dict, config: Path, data: Path, port: int) -> subprocess.Popen[bytes]:
-    """The compose service's own Prometheus flags and environment, with local paths."""
+def _start_agent(agent: dict, config: Path, data: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The compose service's own Prometheus flags and environment, with local paths, on port 0;
+    the process and the port it bound."""
+    from tests.helpers import listening_port
+
     local = {"--config.file": str(config), "--storage.agent.path": str(data)}
     args = [a if a.split("=")[0] not in local else f"{a.split('=')[0]}={local[a.split('=')[0]]}" for a in agent["command"]]
-    return subprocess.Popen(["prometheus", *args, f"--web.listen-address=127.0.0.1:{port}"],
+    proc = subprocess.Popen(["prometheus", *args, "--web.listen-address=127.0.0.1:0"],
                             env={**os.environ, **agent["environment"]}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    try:
+        return proc, listening_port(proc.pid, timeout_s=20)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def _agent_config(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> dict:
@@ -343,8 +354,6 @@ def _agent_config(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 2
 def test_compose_scale_agents_run_the_one_config_with_their_site(tmp_path: Path) -> None:
     """promtool accepts the agent config, and Prometheus, run with each agent service's flags and
     environment, labels its samples with that site."""
-    from exporter.harness.stack import free_port
-
     from tests.helpers import require_prometheus
 
     require_prometheus()
@@ -352,9 +361,11 @@ def test_compose_scale_agents_run_the_one_config_with_their_site(tmp_path: Path)
     r = subprocess.run(["promtool", "check", "config", "--agent", str(config)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     agents = {site: _scale_services()[f"prometheus-agent-{site}"] for site in ("a", "b")}
-    ports = {site: free_port() for site in agents}
-    procs = {site: _start_agent(agent, config, tmp_path / site, ports[site]) for site, agent in agents.items()}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    ports: dict[str, int] = {}
     try:
+        for site, agent in agents.items():
+            procs[site], ports[site] = _start_agent(agent, config, tmp_path / site)
         for site, proc in procs.items():
             labels = _agent_config(ports[site], proc)["global"]["external_labels"]
             assert labels == {"stack": "llm-bench", "site": site}

@@ -206,3 +206,23 @@ async def test_reports_of_a_run_against_the_simulators_name_them(unused_tcp_port
 async def _identified(client: Any) -> bool:
     doc = await (await client.get("/-/engines")).json()
     return all(e["kind"] != "unknown" for e in doc["engines"])
+
+
+def test_the_model_files_checked_ride_along(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from exporter.cli import main as llm_bench_exporter
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    doc = tmp_path / "model.json"
+    assert llm_bench_exporter(["model-check", str(model), "--out", str(doc)]) == 0
+    out = tmp_path / "llmd"
+    assert evidence(["report", "--format", "llm-d", "--records", str(_records_dir(tmp_path)), "--out", str(out),
+                     "--model", str(doc)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"]["document_sha256"] == hashlib.sha256(doc.read_bytes()).hexdigest()
+    assert [f["path"] for f in manifest["model"]["files"]] == ["config.json"]
+    (tmp_path / "bad.json").write_text("{}")
+    assert evidence(["report", "--format", "llm-d", "--records", str(tmp_path / "records"),
+                     "--out", str(tmp_path / "o2"), "--model", str(tmp_path / "bad.json")]) == 2
+    assert "not a document of llm-bench-exporter model-check" in capsys.readouterr().err

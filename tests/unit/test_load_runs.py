@@ -3,6 +3,7 @@ say where their numbers come from (issue 22; issue 21 item 4; issue 19 items 6 a
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
+from exporter.core.stats import percentile
 from exporter.harness.cliutil import UserError
 from exporter.harness.load import Cell, Driver, Plan, Stage, load_plan
 from exporter.harness.plan import WARMUP, scenario_names
@@ -23,6 +26,7 @@ from exporter.harness.tables import TITLE, round_table
 from exporter.proxy.config import validate
 
 from tests.helpers import read_records
+from tests.virtual_clock import run_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -156,30 +160,53 @@ async def test_load_shows_requests_done_of_planned_per_cell(aiohttp_server: Any)
     assert "sglang c2 1" in table
 
 
-async def test_the_drivers_own_schedule_is_in_every_record(aiohttp_server: Any, tmp_path: Path) -> None:
-    sim = await aiohttp_server(create_sim_app(build_params("vllm", speed=50.0)))
+STALL_S = 0.1
+
+
+def test_the_drivers_own_schedule_is_in_every_record(tmp_path: Path) -> None:
+    """On a virtual clock (tests/virtual_clock.py) each request goes out exactly when it is due:
+    its schedule lag is 0.  The loop stalls STALL_S as the first open-loop request arrives at the
+    engine: the requests due meanwhile go out when the stall ends, each exactly as late as that,
+    and their E2E counted from when they were due adds that lag."""
+    app = create_sim_app(build_params("vllm", speed=50.0))
+    stalls: list[float] = []
+
+    @web.middleware
+    async def stall_once(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not stalls and request.headers.get("X-Bench-Scenario") == "open":
+            loop = asyncio.get_running_loop()
+            stalls.append(loop.time())
+            loop.advance(STALL_S)  # type: ignore[attr-defined] - the loop is busy this long
+        return await handler(request)
+
+    app.middlewares.append(stall_once)
     plan = Plan([Stage("core", [Cell("open", 4, 2, 6, rate=40.0), Cell("closed", 4, 2, 4, concurrency=2)])])
-    async with Driver(f"http://127.0.0.1:{sim.port}", tmp_path, model="m", seed=5) as driver:
-        summary = await driver.run_plan(plan)
+    summary = run_plan(app, plan, tmp_path / "sim.sock", tmp_path, model="m", seed=5)
     records = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
     open_loop = sorted((r for r in records if r["scenario"] == "open"), key=lambda r: r["intended_start_unix"])
     closed = [r for r in records if r["scenario"] == "closed"]
-    assert len(open_loop) == 6 and len(closed) == 4
-    assert all(r["schedule_lag_s"] >= 0 for r in records)
+    assert len(open_loop) == 6 and len(closed) == 4 and len(stalls) == 1
     # open loop: the intended starts are the seeded Poisson schedule, whatever the sends' delays
     arrivals = random.Random("arrivals-5")
     gaps = [arrivals.expovariate(40.0) for _ in range(5)]
     got = [b["intended_start_unix"] - a["intended_start_unix"] for a, b in zip(open_loop, open_loop[1:])]
     assert got == pytest.approx(gaps, abs=2e-6)  # the records' rounding to 1 us
+    due = [sum(gaps[:i]) for i in range(1, 6)]  # after the first request's, which went out on time
+    lags = [0.0] + [max(0.0, STALL_S - d) for d in due]  # the stall began as the first one arrived
+    assert sum(lag > 0 for lag in lags) >= 2  # the seeded schedule puts requests inside the stall
+    assert [r["schedule_lag_s"] for r in open_loop] == pytest.approx(lags, abs=2e-6)
     for r in open_loop:
         assert r["e2e_from_intended_s"] == pytest.approx(r["e2e_s"] + r["schedule_lag_s"], abs=2e-6)
+    assert [r["schedule_lag_s"] for r in closed] == [0.0] * 4  # each sent the moment its worker was free
     assert all(r["e2e_from_intended_s"] is None for r in closed)  # a closed loop has no schedule to miss
     first = sorted(r["intended_start_unix"] for r in closed)[:2]
     assert first[0] == first[1]  # both workers are free at the round's start
     open_cell, closed_cell = summary["cells"]
     row = open_cell["rounds"][0]
-    assert 0 <= row["schedule_lag_p50_s"] <= row["schedule_lag_p99_s"]
-    assert row["e2e_from_intended_p95_s"] >= row["e2e_p95_s"]
+    assert row["schedule_lag_p50_s"] == pytest.approx(percentile(lags, 50), abs=2e-6)
+    assert row["schedule_lag_p99_s"] == pytest.approx(percentile(lags, 99), abs=2e-6)
+    from_intended = [r["e2e_from_intended_s"] for r in open_loop if r["outcome"] == "success"]
+    assert row["e2e_from_intended_p95_s"] == pytest.approx(percentile(from_intended, 95), abs=1e-6)
     assert closed_cell["median"]["e2e_from_intended_p95_s"] is None
     assert open_cell["median"]["schedule_lag_p99_s"] == row["schedule_lag_p99_s"]
     with open(tmp_path / "rounds.csv", newline="") as fh:

@@ -7,20 +7,17 @@ model's whatever the machine is doing."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
-from exporter.harness.load import Driver
 from exporter.harness.plan import load_plan
 from exporter.harness.sim import build_params, create_sim_app
 from exporter.harness.tables import round_table
 
-from tests.virtual_clock import VirtualClockLoop, unix_site
+from tests.virtual_clock import run_plan
 
 # A sim whose decode step takes 10 ms + 5 ms per running request: TPOT is 20, 30, 50 and 90 ms
 # at concurrency 2, 4, 8 and 16 (8 requests a level: the level's requests run together).  With a TPOT
@@ -46,20 +43,8 @@ def _run(tmp_path: Path, plan_text: str, **sim: Any) -> dict[str, Any]:
     """The plan against a sim with ``sim``'s parameters, both on one virtual clock."""
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text(plan_text)
-    sock = tmp_path / "sim.sock"
-
-    async def main() -> dict[str, Any]:
-        runner = await unix_site(create_sim_app(build_params("vllm", **sim)), sock)
-        try:
-            async with Driver("http://sim", tmp_path / "out", model="m", label="vllm",
-                              clock=asyncio.get_running_loop().time,
-                              connector=lambda: aiohttp.UnixConnector(path=str(sock), limit=0)) as driver:
-                return await driver.run_plan(load_plan(plan_file))
-        finally:
-            await runner.cleanup()
-
-    with asyncio.Runner(loop_factory=VirtualClockLoop) as run:
-        return run.run(main())
+    return run_plan(create_sim_app(build_params("vllm", **sim)), load_plan(plan_file), tmp_path / "sim.sock",
+                    tmp_path / "out", model="m", label="vllm")
 
 
 def test_concurrency_sweep_stops_where_the_slo_breaks(tmp_path: Path) -> None:

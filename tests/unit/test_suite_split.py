@@ -265,10 +265,23 @@ def unmarked_starters(test_file: _Module, starters: set[str], fixtures: dict[str
 GUARD_TESTS = "tests.unit.test_suite_split"
 
 
+#: a file whose text holds none of these, nor the name of a starter found so far, defines no starter
+TOKENS = ("subprocess", "multiprocessing", "fork", "spawn", "system(", "popen(", "pty")
+
+
 def _project_modules() -> list[_Module]:
+    """The files under tests/unit and tests/conftest.py, and every file of the project and of
+    tests/ that can define a process starter (read as text first: parsing them all costs more)."""
     paths = [*(ROOT / "exporter").rglob("*.py"), *(ROOT / "dashboards").rglob("*.py"),
-             *(ROOT / "tests").glob("*.py"), *UNIT.glob("*.py"), *(ROOT / "tests" / "e2e").glob("*.py")]
-    return [_Module(p) for p in sorted(paths)]
+             *(ROOT / "tests").glob("*.py"), *UNIT.glob("*.py")]
+    texts = {p: p.read_text(encoding="utf-8") for p in sorted(paths)}
+    parsed = {p: _Module(p, t) for p, t in texts.items() if p.parent == UNIT or p.name == "conftest.py"}
+    tokens = set(TOKENS)
+    while new := [p for p, t in texts.items() if p not in parsed and any(tok in t for tok in tokens)]:
+        parsed.update((p, _Module(p, texts[p])) for p in new)
+        top = {n for m in parsed.values() for n in (*m.classes, *(f for f, (_, c) in m.functions.items() if c is None))}
+        tokens |= {name.rpartition(".")[2] for name in process_starters(parsed.values()) & top}
+    return list(parsed.values())
 
 
 @pytest.fixture(scope="module")

@@ -112,8 +112,13 @@ async def test_scenarios_route_names_what_may_be_set(workers: list[TestClient], 
     for client in workers:
         doc = await (await client.get("/-/scenarios")).json()
         assert doc == {"scenarios": ["short-c1", "short-c32"], "engines": ["vllm", "sglang"],
-                       "run_id": "run-under-test"}
+                       "run_id": "run-under-test", "active": {"vllm": None, "sglang": None}}
     assert [r["run_id"] for r in read_records(tmp_path)] == ["run-under-test"]
+    # what one worker was told, every worker says (the shared scenario state)
+    await workers[0].post("/-/scenario", json={"scenario": "short-c32", "round": 3, "engine": "sglang"})
+    for client in workers:
+        doc = await (await client.get("/-/scenarios")).json()
+        assert doc["active"] == {"vllm": None, "sglang": {"scenario": "short-c32", "round": 3}}
 
 
 async def test_the_in_process_app_negotiates_too(upstream: Any, proxy_factory: Any) -> None:
