@@ -27,8 +27,10 @@ from matplotlib.dates import DateFormatter, date2num  # noqa: E402
 from dashboards.boards import layout, row_positions  # noqa: E402
 from dashboards.catalogue import ENGINE_COLORS, LINE_STYLES, Board, Panel  # noqa: E402
 
+from .stacking import stacked  # noqa: E402
+
 __all__ = ["render_board", "png_size", "top_series", "flat_limits", "time_ticks", "PX_PER_ROW", "WIDTH_PX", "DPI", "TOP_SERIES",
-           "OTHER_COLORS", "shade", "is_bucket_bound", "panel_units", "stat_lines", "stacked"]
+           "OTHER_COLORS", "shade", "is_bucket_bound", "panel_units", "stat_lines"]
 
 DPI = 100
 WIDTH_PX = 1600
@@ -175,20 +177,6 @@ def _plot(ax: Any, series: list[dict[str, Any]], scale: float, colors: dict[str,
         if alone and not few:
             ax.plot([xs[i] for i in alone], [ys[i] for i in alone], linestyle="none", marker="o", markersize=4,
                     color=line.get_color())
-
-
-def stacked(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each engine's series (the name's first word) stacked in their order: each point its value plus
-    the top of the engine's series before it at that time, that top kept as ``below``."""
-    tops: dict[str, dict[float, float]] = {}
-    out = []
-    for s in series:
-        top = tops.setdefault(s["name"].split(" ")[0], {})
-        below = [top.get(t, 0.0) for t in s["times"]]
-        values = [b + v for b, v in zip(below, s["values"])]  # a gap stays a gap
-        top.update((t, v) for t, v in zip(s["times"], values) if not math.isnan(v))
-        out.append({**s, "values": values, "below": below})
-    return out
 
 
 def _looks(panel: Panel, series: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:

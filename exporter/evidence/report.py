@@ -139,6 +139,7 @@ def evidence_markdown(window: Window, step: float, step_note: str, rw: str, back
         lines += [f"## {board.title}", "", f"![{board.title}]({board_key}.png)", ""]
         for panel in board.panels:
             lines += [f"### {panel.title}", "", f"Kind: *{panel_kind(panel)}*", ""]
+            lines += [panel.description, ""] if panel.description else []  # what it shows (the board's own words)
             if rate_note and panel_kind(panel) == "rate":
                 lines += [f"Note: {rate_note}", ""]
             for ev in panels[panel.key]:

@@ -140,7 +140,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 _NEEDS = ("A run without --plan needs --concurrency C or --rate R, --requests N, --input-tokens I and "
-          "--output-tokens O; a run with --plan takes every one of those from the plan file.")
+          "--output-tokens O (or --trace FILE alone: a Mooncake trace replayed at its own timestamps); a run "
+          "with --plan takes every one of those from the plan file.")
 _CHECKS = ("Through the proxy (http://HOST:PORT/<engine>) every scenario name the run uses, the plan's cells "
            f"and '{WARMUP}' for warm-ups, must be in the proxy config's scenarios: list, or the run is refused "
            "before its first request.  Progress goes to stderr: a bar on a terminal, else a line every 10 s.  "

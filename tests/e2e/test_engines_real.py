@@ -2,9 +2,11 @@
 llama built here) says it is, through ``GET /-/engines``, the metrics and ``engines.jsonl``; and the
 engine killed and started again under load: the proxy sees it go down within 5 s and come back,
 measures the restart's time to ready, and judges the requests of the outage ``connect_error`` or
-``upstream_disconnect``.  The SGLang identity test runs where ``tests/sglang_engine.py`` is.
+``upstream_disconnect``.  The real SGLang's identity too (``tests/sglang_engine.py``), first, before
+the vLLM of the other tests starts.
 
-Needs ``.ci/install-vllm.sh`` (skipped without it, failed without it when LLMBENCH_REQUIRE_VLLM=1).
+Needs ``.ci/install-vllm.sh`` and ``.ci/install-sglang.sh`` (each test skipped without its engine,
+failed without it when LLMBENCH_REQUIRE_VLLM=1 / LLMBENCH_REQUIRE_SGLANG=1).
 The restart test kills the engine, so it stays last.
 """
 
@@ -60,6 +62,35 @@ def _until(check: Any, timeout_s: float, every_s: float = 0.1) -> Any:
     raise AssertionError(f"not within {timeout_s:.0f} s")
 
 
+def test_the_real_sglang_says_what_it_is(tmp_path: Path) -> None:
+    """The real SGLang (``tests/sglang_engine.py``): its version, model and every server argument,
+    the keys among them redacted, through ``GET /-/engines``, the metrics and ``engines.jsonl``."""
+    from tests.sglang_engine import SglangServer, require_sglang
+    from tests.sglang_engine import build_model as build_sglang_model
+
+    require_sglang()
+    model = build_sglang_model(tmp_path / "model")
+    with contextlib.ExitStack() as exits:
+        server = SglangServer(model, tmp_path / "logs")
+        exits.callback(server.stop)
+        server.start()
+        proxy, url = start_proxy(tmp_path, [{"name": "sglang", "upstream": server.url}])
+        exits.callback(proxy.stop)
+        s = Stack(server, url, tmp_path, model)  # type: ignore[arg-type]  # an SglangServer in the vllm slot
+        e = _until(lambda: (x := s.engines()["sglang"])["kind"] == "sglang" and x, 60)
+        info = requests.get(f"{server.url}/server_info", timeout=30).json()
+        text = requests.get(f"{url}/metrics", timeout=10).text
+    assert (e["up"], e["version"], e["model"], e["root"]) == (True, info["version"], "tiny", str(model))
+    assert isinstance(e["max_model_len"], int) and e["max_model_len"] > 0
+    args = e["server_args"]
+    assert args["api_key"] == args["admin_api_key"] == "<redacted>" and args["served_model_name"] == "tiny"
+    assert args["model_path"] == str(model) and "internal_states" not in args and "version" not in args
+    assert e["model_info"]["model_path"] == str(model)
+    assert metric_value(text, "llmbench_engine_info", engine="sglang", kind="sglang", version=info["version"]) == 1
+    ident = [x for x in s.events() if x["event"] == "identity"]
+    assert [(x["engine"], x["kind"], x["version"]) for x in ident] == [("sglang", "sglang", info["version"])]
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     require_vllm()
@@ -108,7 +139,7 @@ class Load:
             with contextlib.suppress(requests.RequestException):
                 requests.post(f"{self.proxy}/vllm/v1/completions", json=REQ, timeout=60,
                               headers={"X-Request-Id": f"load-{i}-{k}"}).content
-            time.sleep(0.05)
+            time.sleep(0.25)
 
     def __enter__(self) -> Load:
         for t in self.threads:
@@ -158,9 +189,3 @@ def _kill(server: VllmServer) -> None:
             os.kill(pid, signal.SIGKILL)
     assert server.child is not None
     server.child.proc.wait(timeout=30)
-
-
-def test_the_real_sglang_says_what_it_is(tmp_path: Path) -> None:
-    """Where ``tests/sglang_engine.py`` exists (the SGLang harness): its identity through the proxy."""
-    sglang_engine = pytest.importorskip("tests.sglang_engine", reason="no SGLang harness (tests/sglang_engine.py)")
-    pytest.skip(f"SGLang identity: wire {sglang_engine.__name__} here once its harness's API is settled")

@@ -38,7 +38,8 @@ from tests.sglang_engine import DETOKENIZER, SCHEDULER, SglangServer, bench_serv
 from tests.vllm_engine import start_proxy
 
 MAX_TOKENS = 12
-SCRAPE_S = 2
+#: Prometheus's interval and timeout: SGLang's /metrics can take over 2 s on a busy 2-core machine
+SCRAPE_S = 3
 BENCH_PROMPTS = 16
 BENCH_OUTPUT = 16
 #: engine name -> usage setting; all three are this one SGLang.  The bench client never asks for
@@ -97,7 +98,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
         prom = start_prometheus(config, out / "prometheus" / "data", prom_port, out / "logs")
         stack.callback(prom.stop)
         prom_url = f"http://127.0.0.1:{prom_port}"
-        wait_for_scrapes(prom_url, 2)
+        wait_for_scrapes(prom_url, 2, timeout_s=120)
         yield RealStack(server, proxy_url, prom_url, out, time.time())
 
 

@@ -44,7 +44,7 @@ def _start_each_way() -> Iterator[tuple[str, object]]:
     yield "subprocess.Popen", lambda: subprocess.Popen(["true"])
     yield "os.system", lambda: os.system("true")
     yield "os.popen", lambda: os.popen("true").read()
-    yield "os.fork", os.fork
+    yield "os.fork", lambda: os.fork()  # looked up when called: the guard's, not the real one
     yield "os.spawnv", lambda: os.spawnv(os.P_WAIT, "/bin/true", ["true"])
     yield "asyncio subprocess", lambda: asyncio.run(asyncio.create_subprocess_exec("true"))
     for method in ("fork", "spawn", "forkserver"):
