@@ -156,7 +156,7 @@ def identity_of(server_info: Any, version: Any, models: Any, model_info: Any) ->
         out.update(kind="sglang", version=server_info["version"], server_args=redact(args),
                    model_info=redact(model_info) if isinstance(model_info, dict) else None)
         out["model"] = out["model"] or args.get("served_model_name") or args.get("model_path")
-        out["root"] = out["root"] or args.get("model_path")
+        out["root"] = args.get("model_path") or out["root"]  # its /v1/models says the served name again
         out["max_model_len"] = out["max_model_len"] or _int(args.get("context_length"))
     elif isinstance(version, dict) and isinstance(version.get("version"), str):
         out.update(kind="vllm", version=version["version"])

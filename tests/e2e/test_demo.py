@@ -113,6 +113,14 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         assert {(t["engine"], t["scenario"], t["turn"]) for t in turns} == {
             (e, "chat-s4", n) for e in ("sglang", "vllm") for n in (1, 2, 3)}
         assert all(t["cached_share"] > 0 for t in turns if t["turn"] > 1), turns
+        # where TTFT goes: the simulated vLLM tells its own clock; at 24K and C32 the queue dominates
+        parts = {(r["engine"], r["scenario"]): r for r in json.loads((out / "summary" / "summary.json").read_text())[
+            "ttft_parts"]}
+        long = parts[("vllm", "in24k-c32")]
+        assert long["engine_timing"] == "stream" and long["timed"] == long["success"] > 0, long
+        assert long["queue_at_p95_s"] > max(long["prefill_at_p95_s"], long["outside_at_p95_s"]), long
+        assert parts[("sglang", "in24k-c32")]["engine_timing"] is None
+        assert "## Where TTFT goes" in summary_md and "No engine timing: sglang" in summary_md
         compare = (out / "compare" / "compare.md").read_text()
         assert "vllm against sglang" in compare.lower() and "short-c32" in compare, compare[:500]
         assert (out / "compare" / "compare.csv").exists() and "compare:" in log

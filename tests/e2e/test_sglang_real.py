@@ -358,7 +358,7 @@ def test_dead_child_is_judged_upstream_disconnect(real: RealStack, child: str) -
     rec = real.record(client_id)
     assert (rec["outcome"], rec["reason"], rec["status"]) == ("failure", "upstream_disconnect", 200), rec
     assert rec["done"] is False and rec["usage"] is False
-    assert rec["detail"].startswith("the engine closed the connection"), rec["detail"]
+    assert "the engine closed the connection" in rec["detail"], rec["detail"]
     assert rec["e2e_s"] >= SILENCE_S[child] - 0.5, rec
     print(f"\nSGLang, {tag} killed: {len(events)} events through the proxy, the connection closed "
           f"{raw.ended_at - killed_at:.1f} s after the kill; record: {rec['reason']}: {rec['detail']}")
