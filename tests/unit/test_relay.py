@@ -47,7 +47,8 @@ def _read_request(conn: socket.socket) -> bytes:
 
 class ThreadEngine:
     """A raw HTTP/1.1 engine on its own thread (so it runs while the proxy's loop is blocked):
-    ``serve(conn, n)`` answers the connection's ``n``-th POST (a GET gets ``{}``)."""
+    ``serve(conn, n)`` answers the ``n``-th POST it was sent (a GET, the proxy's warm-up or
+    engine probe, gets ``{}``)."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -70,14 +71,12 @@ class ThreadEngine:
 
     def _conn(self, conn: socket.socket) -> None:
         with conn:
-            n = 0
             while head := _read_request(conn):
                 if not head.startswith(b"POST"):  # the proxy's warm-up and engine probes
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
                     continue
-                n += 1
                 self.requests += 1
-                if not self.serve(conn, n):
+                if not self.serve(conn, self.requests):
                     return
 
     def serve(self, conn: socket.socket, n: int) -> bool:
@@ -97,11 +96,11 @@ def _block_loop(loop: asyncio.AbstractEventLoop, blocked: threading.Event, secon
 
 
 class BlockedWhileAnswering(ThreadEngine):
-    """Answers the whole stream while the proxy's loop is blocked for 0.5 s."""
+    """Answers the whole stream while the proxy's loop is blocked for 2 s."""
 
     def serve(self, conn: socket.socket, n: int) -> bool:
         assert self.loop is not None
-        _block_loop(self.loop, threading.Event(), 0.5)
+        _block_loop(self.loop, threading.Event(), 2.0)
         conn.sendall(STREAM[0])
         for part in STREAM[1:]:
             conn.sendall(_chunk(part))
@@ -127,8 +126,9 @@ def engine_factory() -> Iterator[Any]:
 @pytest.mark.skipif(SO_TIMESTAMPNS is None, reason="the kernel's receive stamps are Linux's")
 async def test_reads_are_stamped_by_the_kernel_not_when_a_busy_loop_gets_to_them(
         engine_factory: Any, proxy_factory: Any, tmp_path: Path) -> None:
-    """The engine answers in full while the proxy's loop is stuck for 0.5 s: stamped when the
-    loop ran the reads, TTFT and E2E would be 0.5 s or more; the kernel stamped them on arrival."""
+    """The engine answers in full while the proxy's loop is stuck for 2 s: stamped when the
+    loop ran the reads, TTFT and E2E would be 2 s or more; the kernel stamped them on arrival
+    (the margin is for a machine so busy that the engine's thread runs a second late)."""
     engine = engine_factory(BlockedWhileAnswering)
     client = await proxy_factory(engine.port)
     resp = await client.post("/vllm/v1/completions", json={"prompt": "p", "stream": True, "max_tokens": 2})
@@ -136,13 +136,13 @@ async def test_reads_are_stamped_by_the_kernel_not_when_a_busy_loop_gets_to_them
     assert await resp.read() == b"".join(STREAM[1:])
     (record,) = await wait_for_records(tmp_path, 1)
     assert record["outcome"] == "success" and record["stamps"] == "kernel"
-    assert record["ttft_s"] < 0.25 and record["e2e_s"] < 0.25, record
-    assert record["timing_uncertainty_s"] >= 0.25  # the loop's lag is still told, as a bound
+    assert record["ttft_s"] < 1.0 and record["e2e_s"] < 1.0, record
+    assert record["timing_uncertainty_s"] >= 1.0  # the loop's lag is still told, as a bound
 
 
 class AnswersOnceThenHoldsAndCloses(ThreadEngine):
-    """Answers the first request of a connection; reads the second, holds it 0.3 s (a prefill)
-    and closes without a byte (the engine died)."""
+    """Answers the first POST; reads any later one, holds it 0.3 s (a prefill) and closes its
+    connection without a byte (the engine died).  A second attempt would be a third POST."""
 
     def serve(self, conn: socket.socket, n: int) -> bool:
         if n == 1:
