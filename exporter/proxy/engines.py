@@ -182,6 +182,7 @@ class EngineWatch:
         self._log: JsonlWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._identified: set[str] = set()  # engines with an identity line in this run
+        self._to_ask: set[str] = set()  # engines up and not asked yet what they are (since they came up)
         self._jobs: dict[str, asyncio.Task[None]] = {}  # per engine: asking it what it is
         self._refine: dict[str, tuple[float, float | None]] = {}  # a start to time: (ready, last up before)
 
@@ -247,13 +248,18 @@ class EngineWatch:
                 self._went_up(view, now)
             view.last_up_at = now
             job = self._jobs.get(view.name)
-            if view.identified_at is None and (job is None or job.done()):
+            if view.name in self._to_ask and (job is None or job.done()):
                 self._jobs[view.name] = asyncio.get_running_loop().create_task(self._ask(view, now))
         elif view.up or view.down_since is None:
             self._went_down(view, now, detail if status is None else f"HTTP {status} on /health")
 
     async def get(self, view: EngineView, path: str, timeout_s: float = IDENTITY_TIMEOUT_S) -> tuple[int, bytes] | None:
         """``GET path`` on the engine: (status, body), or None with no answer."""
+        status, body = await self._fetch(view, path, timeout_s)
+        return None if status is None or not isinstance(body, bytes) else (status, body)
+
+    async def _fetch(self, view: EngineView, path: str, timeout_s: float) -> tuple[int | None, bytes | str]:
+        """(status, body) of ``GET path`` through the proxy's upstream pool, or (None, why not)."""
         assert self.pool is not None, "the watch has not started"
         url = URL(view.base_url + path)
         try:
@@ -263,25 +269,15 @@ class EngineWatch:
                     body = await resp.read()
                 finally:
                     resp.release()
-        except (OSError, TimeoutError):  # UpstreamConnectError and UpstreamClosed are OSErrors
-            return None
+        except TimeoutError:
+            return None, f"no answer to {url.path} within {timeout_s:g} s"
+        except OSError as exc:  # UpstreamConnectError and UpstreamClosed are OSErrors
+            return None, f"{type(exc).__name__}: {exc}"
         return resp.status, body
 
     async def _health(self, view: EngineView) -> tuple[int | None, str | None]:
-        assert self.pool is not None, "the watch has not started"
-        url = URL(view.base_url + "/health")
-        try:
-            async with asyncio.timeout(HEALTH_TIMEOUT_S):
-                resp = await self.pool.request(origin_of(url), request_head("GET", url, _HEADERS, 0), b"")
-                try:
-                    await resp.read()
-                finally:
-                    resp.release()
-        except TimeoutError:
-            return None, f"no answer to /health within {HEALTH_TIMEOUT_S:g} s"
-        except OSError as exc:
-            return None, f"{type(exc).__name__}: {exc}"
-        return resp.status, None
+        status, body = await self._fetch(view, "/health", HEALTH_TIMEOUT_S)
+        return status, body if isinstance(body, str) else None
 
     async def _json_get(self, view: EngineView, path: str, answered: list[bool]) -> Any:
         """The JSON of a 200 answer to ``GET path`` (None otherwise); ``answered`` notes any answer."""
@@ -315,6 +311,7 @@ class EngineWatch:
             setattr(view, key, value)
         view.identified_at = now
         self._identified.add(view.name)
+        self._to_ask.discard(view.name)
         if changed:
             self._write("identity", view, upstream=view.upstream, **found)
             log.info("engine %s is %s %s, model %s", view.name, view.kind, view.version or "(no version)",
@@ -325,7 +322,8 @@ class EngineWatch:
 
     def _went_up(self, view: EngineView, now: float) -> None:
         seen_down = view.down_since is not None
-        view.up, view.ready_at, view.identified_at, view.detail = True, round(now, 3), None, None
+        view.up, view.ready_at, view.detail = True, round(now, 3), None
+        self._to_ask.add(view.name)  # its last identity stays shown until it has answered again
         if seen_down:
             view.restarts += 1 if view.last_up_at is not None else 0
             view.time_to_ready_s, view.ready_from = round(now - float(view.down_since or now), 3), "down_seen"
