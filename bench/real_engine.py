@@ -4,14 +4,14 @@ interleaved direct / nginx / proxy, a real Prometheus scraping vLLM and the prox
     bash .ci/install-vllm.sh            # once: the vLLM venv
     python bench/real_engine.py [--rounds 5] [--prompts 64] [--concurrency 8] [--scrape-interval 5]
 
-Builds a tiny random-weight llama (bench/vllm_engine.py), starts `vllm serve`, the proxy
-(defaults, one engine), nginx (`nginx-light`, `proxy_buffering off`; left out with a note when
-not installed) and Prometheus, then runs one unmeasured warm-up straight to vLLM and, each round,
-one `vllm bench serve` (random 256 in / 64 out, ``--ignore-eos``) per path in the order direct,
-nginx, proxy (and, with ``--before DIR``, another tree's proxy, scraped alike).  Prints each
-run's median TTFT and the medians over runs of TTFT, TPOT and output throughput, the proxy's
-CPU seconds per request (all its processes, from /proc) and nginx's,
-and the proxy's records' ``timing_uncertainty_s``.  The first proxy run, through a freshly
+Builds a tiny random-weight llama (exporter/harness/tiny_model.py), starts `vllm serve`
+(exporter/harness/real_vllm.py), the proxy (defaults, one engine), nginx (`nginx-light`,
+`proxy_buffering off`; left out with a note when not installed) and Prometheus, then runs one
+unmeasured warm-up straight to vLLM and, each round, one `vllm bench serve` (random 256 in /
+64 out, ``--ignore-eos``) per path in the order direct, nginx, proxy (and, with ``--before
+DIR``, another tree's proxy, scraped alike).  Prints each run's median TTFT and the medians
+over runs of TTFT, TPOT and output throughput, the proxy's CPU seconds per request (all its
+processes, from /proc) and nginx's, and the proxy's records' ``timing_uncertainty_s``.  The first proxy run, through a freshly
 started proxy, is shown apart.  Speed is measured here, never asserted in tests.
 """
 
@@ -30,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from exporter.harness.real_engine import start_proxy  # noqa: E402
+from exporter.harness.real_vllm import VllmServer, bench_serve, build_model, vllm_missing  # noqa: E402
 from exporter.harness.stack import (  # noqa: E402
     Child,
     free_port,
@@ -41,7 +43,6 @@ from exporter.harness.stack import (  # noqa: E402
 
 from bench.proxy_overhead import NGINX_CONF  # noqa: E402
 from bench.timing_procs import cpu_of_tree  # noqa: E402
-from bench.vllm_engine import VllmServer, bench_serve, build_model, start_proxy, vllm_missing  # noqa: E402
 
 PATHS = ("direct", "nginx", "proxy", "before")
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 from aiohttp import web
@@ -122,14 +122,21 @@ INTENDED = {
 assert set(INTENDED) - {None} == set(FAULTS)
 
 
+def skip_or_fail(why: str | None, demand: str) -> None:
+    """Skip a test that cannot run here (``why``: the reason; None when it can), or fail it where
+    CI demands that it runs (``$demand`` is 1)."""
+    if why:
+        if os.environ.get(demand) == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
 def require_prometheus() -> None:
     """Skip without prometheus/promtool, unless CI demands them (LLMBENCH_REQUIRE_PROMETHEUS=1)."""
     missing = [b for b in ("prometheus", "promtool") if shutil.which(b) is None]
     if missing:
-        msg = f"{', '.join(missing)} not installed (apt-get install -y --no-install-recommends prometheus)"
-        if os.environ.get("LLMBENCH_REQUIRE_PROMETHEUS") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        skip_or_fail(f"{', '.join(missing)} not installed (apt-get install -y --no-install-recommends prometheus)",
+                     "LLMBENCH_REQUIRE_PROMETHEUS")
 
 
 SCENARIOS = ["short-c2", "short-c8"]
@@ -150,6 +157,36 @@ class LiveStack:
 
     def query_range(self, expr: str, step: float = 5.0) -> list[dict[str, Any]]:
         return Prometheus(self.prom).query_range(expr, self.start, self.end, step)
+
+
+#: the engine's server of a :class:`RealStack`
+Server = TypeVar("Server")
+
+
+@dataclass
+class RealStack(Generic[Server]):
+    """A real engine's ``server`` behind the real proxy (records under ``out``), scraped by a real
+    Prometheus (``prom``), since ``start`` (unix seconds): an end-to-end module's fixture."""
+
+    server: Server
+    proxy: str
+    prom: str
+    out: Path
+    start: float
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_records(self.out)
+
+    def record(self, client_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The proxy's record of the request sent with ``X-Request-Id: client_id``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [r for r in self.records() if r["client_request_id"] == client_id]
+            if found:
+                assert len(found) == 1, found
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no record of {client_id} within {timeout_s:.0f} s")
 
 
 @contextlib.contextmanager

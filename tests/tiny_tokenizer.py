@@ -1,5 +1,5 @@
 """A tiny model tokenizer built by the tests: a BPE trained here with Hugging Face ``tokenizers`` (as
-``tests/vllm_engine.py``'s model builder trains its own), saved as a model directory would hold it:
+``exporter/harness/tiny_model.py``'s model builder trains its own), saved as a model directory would hold it:
 ``tokenizer.json`` (a BOS added to a plain prompt, as Llama's does) and ``tokenizer_config.json``
 with the special tokens and a chat template.  Every word of the load driver's prompts is one token."""
 

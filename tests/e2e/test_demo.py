@@ -124,6 +124,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         compare = (out / "compare" / "compare.md").read_text()
         assert "vllm against sglang" in compare.lower() and "short-c32" in compare, compare[:500]
         assert (out / "compare" / "compare.csv").exists() and "compare:" in log
+        _names_the_simulated_engines(out)
     finally:
         rest = output.stop()
     assert proc.returncode in (0, 130), rest
@@ -131,6 +132,23 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     # every child is gone: nothing listens on the Prometheus port any more
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{prom}/-/ready", timeout=2)
+
+
+def _names_the_simulated_engines(out: Path) -> None:
+    """What was measured: the evidence manifest and each llm-d report name the simulated engines'
+    versions and arguments, and the proxy's config."""
+    from exporter.harness.sim_identity import sim_version
+
+    manifest = json.loads((out / "evidence" / "manifest.json").read_text())
+    assert {(e["name"], e["kind"], e["version"]) for e in manifest["engines"]} == {
+        ("sglang", "sglang", sim_version()), ("vllm", "vllm", sim_version())}, manifest["engines"]
+    assert all(e["server_args"] for e in manifest["engines"]) and manifest["proxy"]["config_sha256"]
+    llmd = json.loads((out / "llm-d" / "manifest.json").read_text())
+    assert llmd["reports"] and {e["name"] for e in llmd["engines"]} == {"sglang", "vllm"}
+    for entry in llmd["reports"]:
+        engine = json.loads((out / "llm-d" / entry["path"]).read_text())["scenario"]["stack"][0]
+        assert (engine["standardized"]["tool"], engine["standardized"]["tool_version"]) == \
+            (entry["engine"], sim_version()) and engine["native"]["args"], engine
 
 
 def test_demo_without_prometheus_says_how_to_get_it(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ class Load:
             k += 1
             with contextlib.suppress(requests.RequestException):
                 requests.post(f"{self.proxy}/vllm/v1/completions", json=REQ, timeout=60,
-                              headers={"X-Request-Id": f"load-{i}-{k}"}).content
+                              headers={"X-Request-Id": f"load-{i}-{k}"}).close()
             time.sleep(0.25)
 
     def __enter__(self) -> Load:

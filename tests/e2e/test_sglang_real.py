@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +32,7 @@ from dashboards.catalogue import INTERNALS, expand
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.stack import free_port, render_prometheus_config, start_prometheus, wait_for_scrapes
 
-from tests.helpers import read_records, require_prometheus
+from tests.helpers import RealStack, require_prometheus
 from tests.sglang_engine import DETOKENIZER, SCHEDULER, SglangServer, bench_serving, build_model, require_sglang
 from tests.vllm_engine import start_proxy
 
@@ -53,31 +52,8 @@ BOARD_QUERIES = [(p.key, q.ref) for p in INTERNALS.panels for q in p.queries if 
 SILENCE_S = {SCHEDULER: 5.0, DETOKENIZER: 65.0}
 
 
-@dataclass
-class RealStack:
-    sglang: SglangServer
-    proxy: str
-    prom: str
-    out: Path
-    start: float
-
-    def records(self) -> list[dict[str, Any]]:
-        return read_records(self.out)
-
-    def record(self, client_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
-        """The proxy's record of the request sent with ``X-Request-Id: client_id``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = [r for r in self.records() if r["client_request_id"] == client_id]
-            if found:
-                assert len(found) == 1, found
-                return found[0]
-            time.sleep(0.05)
-        raise AssertionError(f"no record of {client_id} within {timeout_s:.0f} s")
-
-
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack[SglangServer]]:
     require_prometheus()
     require_sglang()
     out = tmp_path_factory.mktemp("sglang-real")
@@ -125,7 +101,7 @@ def _prompt_tokens(real: RealStack, route: str, engine: str) -> int:
     """SGLang's own count of the prompt, asked directly (not streamed, one token)."""
     body = {**_body(route, engine, max_tokens=1), "stream": False}
     body.pop("stream_options", None)
-    r = requests.post(f"{real.sglang.url}/v1/{route}", json=body, timeout=60)
+    r = requests.post(f"{real.server.url}/v1/{route}", json=body, timeout=60)
     r.raise_for_status()
     return int(r.json()["usage"]["prompt_tokens"])
 
@@ -174,7 +150,7 @@ def test_real_streams_are_judged_success(real: RealStack, route: str, engine: st
 def bench_run(real: RealStack) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``python -m sglang.bench_serving --backend sglang-oai`` through the proxy; its result and
     the proxy's records of its requests (its engine has no other client), in order of arrival."""
-    result = bench_serving(f"{real.proxy}/sglang-bench", real.sglang.model, real.out / "bench", input_len=64,
+    result = bench_serving(f"{real.proxy}/sglang-bench", real.server.model, real.out / "bench", input_len=64,
                            output_len=BENCH_OUTPUT, prompts=BENCH_PROMPTS, concurrency=4)
     deadline = time.monotonic() + 30
     while True:
@@ -310,7 +286,7 @@ def test_dead_child_is_judged_upstream_disconnect(real: RealStack, child: str) -
     more: no error event, no ``[DONE]``, no last chunk of its chunked body; it holds the
     connection open, silent, while it waits (5 s, and 60 s more when the scheduler lives), then
     its process dies and the kernel closes the connection (a FIN).  SPEC 4: ``upstream_disconnect``."""
-    server = real.sglang
+    server = real.server
     if not server.alive():
         server.stop()
         server.start()

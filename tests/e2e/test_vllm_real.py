@@ -17,8 +17,6 @@ import signal
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +26,7 @@ from dashboards.catalogue import INTERNALS, expand
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.stack import render_prometheus_config, wait_for_scrapes
 
-from tests.helpers import read_records, require_prometheus, scrapes_since, start_prometheus_on_port_0
+from tests.helpers import RealStack, require_prometheus, scrapes_since, start_prometheus_on_port_0
 from tests.vllm_engine import VllmServer, bench_serve, build_model, require_vllm, start_proxy
 
 MAX_TOKENS = 12
@@ -40,31 +38,8 @@ ENGINES = {"vllm": "require", "vllm-inject": "inject"}
 BOARD_QUERIES = [(p.key, q.ref) for p in INTERNALS.panels for q in p.queries if 'job="sglang"' not in q.expr]
 
 
-@dataclass
-class RealStack:
-    vllm: VllmServer
-    proxy: str
-    prom: str
-    out: Path
-    start: float
-
-    def records(self) -> list[dict[str, Any]]:
-        return read_records(self.out)
-
-    def record(self, client_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
-        """The proxy's record of the request sent with ``X-Request-Id: client_id``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = [r for r in self.records() if r["client_request_id"] == client_id]
-            if found:
-                assert len(found) == 1, found
-                return found[0]
-            time.sleep(0.05)
-        raise AssertionError(f"no record of {client_id} within {timeout_s:.0f} s")
-
-
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack[VllmServer]]:
     require_prometheus()
     require_vllm()
     out = tmp_path_factory.mktemp("vllm-real")
@@ -131,7 +106,7 @@ def test_real_streams_are_judged_success(real: RealStack, route: str, engine: st
 @pytest.fixture(scope="module")
 def bench_run(real: RealStack) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``vllm bench serve`` through the proxy; its result and the proxy's records of its requests."""
-    result = bench_serve(f"{real.proxy}/vllm", real.vllm.model, real.out / "bench", input_len=64, output_len=16,
+    result = bench_serve(f"{real.proxy}/vllm", real.server.model, real.out / "bench", input_len=64, output_len=16,
                          prompts=BENCH_PROMPTS, concurrency=4, request_id_prefix="bench-")
     deadline = time.monotonic() + 30
     while True:
@@ -182,7 +157,7 @@ def scraped(real: RealStack, bench_run: tuple[dict[str, Any], list[dict[str, Any
         values = {q: prom.query(q) for q in checks}
         if all(v and float(v[0]["value"][1]) >= n for (q, n), v in zip(checks.items(), values.values())):
             seen = time.time()  # one scrape more of each: rate() needs the sample after the increase too
-            for url in (real.vllm.url, real.proxy):
+            for url in (real.server.url, real.proxy):
                 scrapes_since(real.prom, url.removeprefix("http://"), seen)
             return prom
         time.sleep(0.5)
@@ -214,7 +189,7 @@ def test_the_seeds_empty_200_says_what_the_engine_generated(real: RealStack,
     assert rec["completion_tokens"] == 16 and rec["visible_chars"] == 0 and rec["done"] is True
     assert rec["capture"], rec  # failures are captured by default
     capture = real.out / "run" / rec["capture"]
-    assert evidence_main(["decode", str(capture), "--tokenizer", str(real.vllm.model), "--json"]) == 0
+    assert evidence_main(["decode", str(capture), "--tokenizer", str(real.server.model), "--json"]) == 0
     (decoded,) = json.loads(capsys.readouterr().out)
     assert [(t["id"], t["token"], t["special"]) for t in decoded["tokens"]] == [(2, "</s>", True)] * 16
 
@@ -223,7 +198,7 @@ def test_dead_engine_core_is_judged_sse_error(real: RealStack) -> None:
     """Last: it kills the engine.  vLLM 0.32 then ends the open stream with HTTP 200, a
     ``data: {"error": ...}`` event and ``[DONE]``; the proxy must judge it ``sse_error``."""
     body = {**_body("completions", "vllm"), "max_tokens": 1900}
-    core = real.vllm.engine_core_pid()
+    core = real.server.engine_core_pid()
     with requests.post(f"{real.proxy}/vllm/v1/completions", json=body, headers={"X-Request-Id": "dead-core"},
                        stream=True, timeout=120) as r:
         events: list[str] = []

@@ -233,3 +233,22 @@ async def test_under_serve_the_supervisor_watches_once_for_all_workers(
     lines = [json.loads(x) for x in (tmp_path / "run" / "engines.jsonl").read_text().splitlines()]
     assert {x["run_id"] for x in lines} == {"run-under-test"}
     assert sum(1 for x in lines if x["event"] == "start") == 1  # one watch, not one per worker
+
+
+async def test_each_simulator_answers_its_own_engines_identity_routes(aiohttp_client: Any) -> None:
+    vllm = await aiohttp_client(create_sim_app(PROFILES["vllm"]))
+    assert await (await vllm.get("/version")).json() == {"version": sim_version()}
+    config = (await (await vllm.get("/server_info")).json())["vllm_config"]  # as VLLM_SERVER_DEV_MODE=1 has it
+    assert config["model_config"]["max_model_len"] == 32768 and config["sim_params"]["profile"] == "vllm"
+    assert (await vllm.get("/get_server_info")).status == 404 and (await vllm.get("/model_info")).status == 404
+    model, = (await (await vllm.get("/v1/models")).json())["data"]
+    assert (model["id"], model["root"], model["max_model_len"], model["owned_by"]) == \
+        ("sim-model", "/models/sim/sim-model", 32768, "vllm")
+    sglang = await aiohttp_client(create_sim_app(PROFILES["sglang"]))
+    assert (await sglang.get("/version")).status == 404
+    for path in ("/server_info", "/get_server_info"):
+        info = await (await sglang.get(path)).json()
+        assert info["version"] == sim_version() and info["model_path"] == "/models/sim/default"
+        assert "api_key" in info and "internal_states" in info
+    for path in ("/model_info", "/get_model_info"):
+        assert (await (await sglang.get(path)).json())["is_generation"] is True

@@ -118,8 +118,8 @@ def _imports_of_the_other(tree: Path, other: str, root: Path = ROOT) -> list[str
 
 
 def test_tests_and_bench_import_nothing_of_each_other() -> None:
-    """What both need is the product's (exporter/) or written in each (a real vLLM: tests/ and
-    bench/vllm_engine.py); the fuzz campaign is the tests' (tests/fuzz/)."""
+    """What both need is the product's (exporter/: a real engine's harness is
+    exporter/harness/real_*.py); the fuzz campaign is the tests' (tests/fuzz/)."""
     assert _imports_of_the_other(ROOT / "tests", "bench") == []
     assert _imports_of_the_other(ROOT / "bench", "tests") == []
 

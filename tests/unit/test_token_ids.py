@@ -17,7 +17,7 @@ from exporter.evidence.cli import main as evidence_main
 from tests.helpers import stream_events, wait_for_records
 from tests.transcripts import sse
 
-EOS = 2  # "</s>" in the tokenizer below, as in tests/vllm_engine.py's tiny model
+EOS = 2  # "</s>" in the tokenizer below, as in exporter/harness/tiny_model.py's tiny model
 # the seed's empty 200: 16 tokens, every one of them </s>, which detokenizing skips
 EMPTY_200 = [
     '{"id":"cmpl-e","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"",'
