@@ -119,6 +119,38 @@ def _compare(out: Path) -> Path | None:
     return out / "compare"
 
 
+def _empty_200s(out: Path) -> list[str]:
+    """What the simulated vLLM generated in its empty-text 200s, from their captures (the proxy
+    asked it for its token ids), named by the simulated vocabulary: the seed's diagnosis."""
+    records = out / "records"
+    empty = [r for r in _read_jsonl(records / "requests.jsonl") if r.get("reason") == "empty_text" and r.get("capture")]
+    if not empty:
+        return []
+    lines = [f"empty 200s: {len(empty)} (HTTP 200, [DONE], usage, no visible text); what the engine generated:"]
+    try:
+        from exporter.evidence.decode import decode_capture
+        from exporter.evidence.tokens import TokenizerError, load_vocabulary, summary_line
+
+        from .sim_vocab import write_tokenizer
+        vocabulary = load_vocabulary(write_tokenizer(out / "sim-tokenizer"))
+    except (ImportError, TokenizerError) as exc:
+        return lines + [f"  (not shown: {exc})"]
+    for rec in empty[:3]:
+        decoded = decode_capture(records / rec["capture"], vocabulary)
+        tokens = decoded.get("tokens")
+        lines.append(f"  {rec['id'][:12]}: " + ("no token ids in the capture" if tokens is None
+                                                  else summary_line(tokens, limit=3)))
+    capture = records / empty[0]["capture"]
+    lines.append(f"  again: evidence decode {capture} --tokenizer {out / 'sim-tokenizer'}")
+    return lines
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def _start(stack: LocalStack, args: argparse.Namespace, plan: Plan) -> str | None:
     """The engines, the proxy and (unless told not to, or missing) Prometheus; its URL."""
     scenarios = scenario_names(plan)
@@ -158,6 +190,8 @@ def _report(out: Path, stack: LocalStack, tables: tuple[str | None, str], found:
     if proxy_side:
         _say("\n" + proxy_side + "\n")
     _say(client_side + "\n")
+    for line in _empty_200s(out):
+        _say(line)
     _say(f"records:    {out / 'records' / 'requests.jsonl'} (raw SSE of failures in {out / 'records' / 'captures'})")
     _say(f"tables:     {out / 'load'}/<engine>/rounds.csv, summary.json; {out / 'rounds.txt'}")
     if found["boards"]:

@@ -41,6 +41,7 @@ from .cliutil import HelpFormatter, UserError, bind_listen, fail, finite_float
 from .sim_cache import prompt_words
 from .sim_engine import FAULTS, PROFILES, SimEngine, SimParams
 from .sim_identity import add_identity_routes
+from .sim_vocab import EOS_ID, token_id
 from .sim_wire import DONE, Wire, request_metrics
 
 __all__ = ["SimParams", "PROFILES", "FAULTS", "create_sim_app", "add_parser", "count_prompt_tokens"]
@@ -77,6 +78,7 @@ class _Job:
     queue_s: float = 0.0  # waiting for a slot and for the prefill, by the engine's clock
     prefill_s: float = 0.0  # scheduled to the first token
     first_token: float = 0.0  # monotonic time of the first token
+    token_ids: bool = False  # the client asked for the output token ids (return_token_ids)
 
 
 async def _parse(request: web.Request, sim: SimEngine) -> _Job | web.Response:
@@ -100,7 +102,8 @@ async def _parse(request: web.Request, sim: SimEngine) -> _Job | web.Response:
                 prompt_tokens=await _prompt_tokens(request.app.get(TOKENIZER), body, chat, len(words)),
                 include_usage=bool((body.get("stream_options") or {}).get("include_usage")) or not stream,
                 fault=fault, wire=Wire(sim.p.profile, str(body.get("model") or sim.p.model), chat),
-                arrival=time.monotonic(), words=words, tool=sim.tool_call(body, chat))
+                arrival=time.monotonic(), words=words, tool=sim.tool_call(body, chat),
+                token_ids=body.get("return_token_ids") is True)
 
 
 async def _prefill(sim: SimEngine, job: _Job) -> None:
@@ -139,6 +142,9 @@ async def _whole(sim: SimEngine, job: _Job) -> web.Response:
     text = "" if job.fault == "empty_text" else "".join(f" tok{i}" for i in range(job.max_tokens))
     sim.metrics.lv(sim.metrics.e2e).observe(time.monotonic() - job.arrival)
     doc = job.wire.document(text, job.prompt_tokens, job.max_tokens, job.cached, job.tool)
+    if job.token_ids and job.tool is None:
+        ids = [EOS_ID if job.fault == "empty_text" else token_id(i) for i in range(job.max_tokens)]
+        doc["choices"][0]["token_ids"] = ids
     metrics = _request_metrics(sim, job, job.max_tokens)
     return web.json_response({**doc, "metrics": metrics} if metrics else doc)
 
@@ -161,7 +167,8 @@ async def _stream(request: web.Request, resp: web.StreamResponse, sim: SimEngine
             return
         finish = end if i == n - 1 and (vllm or not job.chat) else None
         text = "" if fault == "empty_text" else f" tok{i}"
-        await resp.write(wire.tool(i, n, job.tool, finish) if job.tool else wire.token(text, finish))
+        ids = ([EOS_ID] if fault == "empty_text" else [token_id(i)]) if job.token_ids else None
+        await resp.write(wire.tool(i, n, job.tool, finish) if job.tool else wire.token(text, finish, ids))
         sim.note_tokens(1)
     else:
         if job.chat and not vllm:

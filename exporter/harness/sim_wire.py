@@ -66,8 +66,12 @@ class Wire:
     def role(self) -> bytes:
         return self._chunk([self._choice(None, None, role=True)])
 
-    def token(self, text: str, finish: str | None = None) -> bytes:
-        return self._chunk([self._choice(text, finish)])
+    def token(self, text: str, finish: str | None = None, ids: list[int] | None = None) -> bytes:
+        """One token's chunk; with ``ids`` (the client asked ``return_token_ids``) its token ids."""
+        choice = self._choice(text, finish)
+        if ids is not None:
+            choice["token_ids"] = ids
+        return self._chunk([choice])
 
     def finish(self, reason: str = "length") -> bytes:
         return self._chunk([self._choice(None, reason)])

@@ -178,7 +178,9 @@ class LocalStack:
                 "--speed", str(speed), "--seed", str(seed), *flags), self.logs))
         config = {
             "listen": f"127.0.0.1:{self.ports['proxy']}",
-            "engines": [{"name": n, "upstream": f"http://127.0.0.1:{self.ports[n]}"} for n in ENGINES],
+            # the simulated vLLM is asked for its token ids: an empty-text 200 then says what it generated
+            "engines": [{"name": n, "upstream": f"http://127.0.0.1:{self.ports[n]}", **({"token_ids": True} if n == "vllm" else {})}
+                        for n in ENGINES],
             "scenarios": list(scenarios),
             "records_dir": str(self.out / "records"),
             "gpu": gpu,

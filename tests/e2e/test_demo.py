@@ -71,7 +71,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter.cli", "demo", "--out", str(out), "--speed", "8", "--settle", "6",
-         "--keep-running"],
+         "--empty-text-rate", "0.1", "--keep-running"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []
@@ -97,6 +97,11 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         assert series("llmbench_time_to_first_token_seconds_bucket")
         assert re.search(r"^sglang\s+short-c1\s", log, re.M) and re.search(r"^vllm\s+short-c32\s", log, re.M), log
         assert "goodput %" in log and "good tok/s" in log and "SLO: TTFT <= 3.0 s" in log
+        # the seed's empty 200s, diagnosed: the simulated vLLM was asked for its token ids
+        empty = [json.loads(r) for r in (out / "records" / "requests.jsonl").read_text().splitlines()
+                 if json.loads(r)["reason"] == "empty_text"]
+        assert empty and f"empty 200s: {len(empty)} (" in log, log
+        assert re.search(r"token ids \(0 with visible text\): \d+ x 2 '</s>' \(special\)", log), log
         for engine in ("sglang", "vllm"):
             summary = json.loads((out / "load" / engine / "summary.json").read_text())
             assert summary["cells"] and (out / "load" / engine / "rounds.csv").exists()
