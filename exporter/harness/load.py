@@ -28,7 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -41,10 +41,13 @@ from exporter.proxy.transport import transport_reason
 from .plan import WARMUP, Cell, Plan, PlanError, Stage, load_plan
 from .preflight import check_base_url, check_proxy_scenarios
 from .progress import Progress
-from .replay import Prompts, TraceLine, read_trace
+from .replay import Prompts, Replays
 from .runner import run_plan
 from .sessions import Turn, run_sessions
 from .tables import write_tables
+
+if TYPE_CHECKING:
+    from exporter.proxy.prompttokens import PromptTokenizer
 
 __all__ = ["Cell", "Stage", "Plan", "PlanError", "Driver", "load_plan", "make_prompt", "proxy_verdict"]
 
@@ -71,7 +74,8 @@ class Driver:
                  check_url: bool = False, progress_stream: TextIO | None = None,
                  progress_clock: Callable[[], float] = time.monotonic,
                  clock: Callable[[], float] = time.monotonic,
-                 connector: Callable[[], aiohttp.BaseConnector] | None = None) -> None:
+                 connector: Callable[[], aiohttp.BaseConnector] | None = None,
+                 tokenizer: PromptTokenizer | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         parts = urlsplit(self.base_url)
         segs = [s for s in parts.path.split("/") if s]
@@ -81,8 +85,9 @@ class Driver:
         self.label = label or self.engine or parts.netloc
         self.model = model
         self.rng = random.Random(seed)  # the prompts' words
-        self.seed = seed  # a replayed trace's blocks of words (:mod:`.replay`)
-        self._traces: dict[str, list[TraceLine]] = {}  # the traces read, by path
+        #: a replayed trace's prompts (:mod:`.replay`), framed to the engine's exact lengths with its tokenizer
+        #: (``load --tokenizer``)
+        self.replays = Replays(seed, make_prompt, _VOCAB, tokenizer)
         self.arrivals = random.Random(f"arrivals-{seed}")  # the Poisson gaps, apart from the prompts
         self.out_dir = out_dir
         self.records = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
@@ -281,6 +286,8 @@ class Driver:
     async def _round(self, cell: Cell, scenario: str, round_: int, n: int,
                      progress: Progress) -> tuple[list[dict[str, Any]], float]:
         records: list[dict[str, Any]] = []
+        prompts = None if cell.trace is None else self.replays.prompts(  # read and framed before the clock starts
+            cell.trace, cell.chat, cell.block_size, f"{scenario}/{round_}")
         wall0, start = time.time(), self.clock()  # one anchor: the due times keep their spacing
         open_loop = cell.concurrency is None  # Poisson arrivals, or a trace's own
 
@@ -310,28 +317,25 @@ class Driver:
             await asyncio.gather(*(worker() for _ in range(min(cell.concurrency, n))))
         else:
             tasks = []
-            for i, (at, given) in enumerate(self._arrivals(cell, scenario, round_, n, start)):
+            for i, (at, given) in enumerate(self._arrivals(cell, n, start, prompts)):
                 if i:  # an absolute schedule: a late send does not push back the next
                     await asyncio.sleep(max(0.0, at - self.clock()))
                 tasks.append(asyncio.create_task(send(at, given)))
             await asyncio.gather(*tasks)
         return records, self.clock() - start
 
-    def _arrivals(self, cell: Cell, scenario: str, round_: int, n: int,
-                  start: float) -> Iterator[tuple[float, tuple[str, int] | None]]:
+    def _arrivals(self, cell: Cell, n: int, start: float,
+                  prompts: Prompts | None) -> Iterator[tuple[float, tuple[str, int] | None]]:
         """When each open-loop request is due: Poisson arrivals at the cell's rate, or a trace's own
         timestamps over ``speedup``, each with its prompt and max_tokens (:mod:`.replay`)."""
-        if cell.trace is None:
+        if cell.trace is None or prompts is None:
             assert cell.rate is not None
             at = start
             for i in range(n):
                 at += self.arrivals.expovariate(cell.rate) if i else 0.0
                 yield at, None
             return
-        if cell.trace not in self._traces:
-            self._traces[cell.trace] = read_trace(cell.trace)
-        prompts = Prompts(cell.block_size, f"{self.seed}/{scenario}/{round_}", make_prompt)  # a round's own text
-        for i, line in enumerate(self._traces[cell.trace][:n]):
+        for i, line in enumerate(self.replays.lines(cell.trace)[:n]):
             yield start + line.offset_s / cell.speedup, (prompts.text(line, i), line.output_length)
 
     async def run_plan(self, plan: Plan) -> dict[str, Any]:

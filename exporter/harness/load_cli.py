@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.evidence.outdir import OutDirError, check_out, prepare_out
+from exporter.proxy.prompttokens import PromptTokenizer, TokenizerError
 
 from .cliutil import HelpFormatter, UserError, fail, non_negative_float, non_negative_int, positive_float, positive_int
 from .load import Driver
@@ -53,6 +54,26 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
     return Plan([Stage("adhoc", [cell], args.stop_after_failed_rounds)])
 
 
+def _tokenizer(path: str | None) -> PromptTokenizer | None:
+    """``--tokenizer``: the engine's tokenizer; UserError when it cannot be read."""
+    if path is None:
+        return None
+    try:
+        return PromptTokenizer(Path(path))
+    except TokenizerError as exc:
+        raise UserError(f"--tokenizer {path}: {exc}") from None
+
+
+def _check_framing(driver: Driver, plan: Plan, path: str | None) -> None:
+    """With ``--tokenizer``, how the engine frames every trace cell's prompts, measured and checked before
+    the first request (:func:`.replay.framing`); UserError when the lengths cannot be exact."""
+    try:
+        for cell in (c for stage in plan.stages for c in stage.cells if c.trace is not None):
+            driver.replays.framing(cell.chat, cell.block_size)
+    except TokenizerError as exc:
+        raise UserError(f"--tokenizer {path}: {exc}") from None
+
+
 class Interrupted(Exception):
     """``load`` stopped by a signal; the message says what became of its announcement."""
 
@@ -81,7 +102,8 @@ async def _drive(args: argparse.Namespace, plan: Plan, out: Path | None) -> dict
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such support
             pass
     driver = Driver(args.base_url, None, model=args.model or plan.model, seed=args.seed, label=args.label,
-                    timeout_s=args.timeout, check_url=True)
+                    timeout_s=args.timeout, check_url=True, tokenizer=_tokenizer(args.tokenizer))
+    _check_framing(driver, plan, args.tokenizer)
     try:
         async with driver:
             if args.no_proxy:
@@ -191,6 +213,12 @@ def add_parser(sub: Any) -> None:
                    help="with --trace: its timestamps divided by X (default: 1, as recorded)")
     p.add_argument("--block-size", metavar="N", type=positive_int,
                    help="with --trace: tokens per hash id, as the trace's note says (default: 512)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="with --trace (or a plan's trace cells): the engine's tokenizer (its model directory or "
+                        "tokenizer.json; the trace extra), so that each prompt is exactly input_length tokens as "
+                        "the engine counts them (its BOS, its chat template) and its blocks fall on the trace's "
+                        "block boundaries (default: none, one word per token, as the simulated engines count "
+                        "without --tokenizer)")
     p.add_argument("--requests", metavar="N", type=positive_int,
                    help="requests per round (default: none; needed without --plan)")
     p.add_argument("--rounds", metavar="N", type=positive_int, default=1, help="rounds per scenario")

@@ -9,7 +9,18 @@ loop: a late send does not push back the next), with ``max_tokens`` = ``output_l
 round), so equal ids give equal text and a shared prefix stays shared; the last block is cut to
 what ``input_length`` leaves (a prefix of that id's words); when the ids cover fewer tokens than
 ``input_length``, words of the request's own fill the rest.  One word is one token for the
-simulated engines; with a real tokenizer, most such words are one token too.
+simulated engines without a tokenizer.
+
+The engine counts more than the words: its tokenizer adds a BOS to a plain prompt, its chat template
+wraps a chat message.  Given the engine's tokenizer (``load --tokenizer PATH``), :func:`framing`
+measures that once per cell: ``lead`` tokens before the words and ``trail`` after, and a vocabulary of
+words that are one token each in this tokenizer.  The prompt then holds ``input_length - lead -
+trail`` words, laid out by token position (the word at position ``p`` is word ``p % block_size`` of
+the block of hash id ``hash_ids[p // block_size]``, positions before ``lead`` being the engine's), so
+that the engine counts exactly ``input_length`` tokens and its block ``k`` is equal in two prompts
+exactly when their ``k``-th hash ids are: a trace captured from the replay has the replayed trace's
+lengths and hash ids.  :func:`framing` checks that on two probe prompts and refuses a tokenizer for
+which it does not hold (one that merges the words, say).
 
 Every round (and the warm-up) replays the trace from its first line with text of its own, so that
 one round's prompts are not in the engine's prefix cache when the next begins; within a round the
@@ -20,13 +31,16 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["TraceFileError", "TraceLine", "read_trace", "Prompts", "trace_shape"]
+if TYPE_CHECKING:
+    from exporter.proxy.prompttokens import PromptTokenizer
+
+__all__ = ["TraceFileError", "TraceLine", "read_trace", "Prompts", "Framing", "framing", "Replays", "trace_shape"]
 
 #: blocks of words kept per round (a few MiB): the rest are drawn again when their id comes back
 _BLOCKS_KEPT = 4096
@@ -105,25 +119,126 @@ def trace_shape(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+Words = Callable[[random.Random, int], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Framing:
+    """What the engine's tokenizer puts around a replayed prompt's words, in tokens: ``lead`` before them
+    (a BOS, a chat template's head), ``trail`` after; ``vocabulary``: words of one token each (empty:
+    the driver's own words, one token each for the simulated engines without a tokenizer)."""
+
+    lead: int = 0
+    trail: int = 0
+    vocabulary: tuple[str, ...] = ()
+
+    def words(self, fallback: Words) -> Words:
+        vocabulary = self.vocabulary
+        if not vocabulary:
+            return fallback
+        return lambda rng, k: " ".join(rng.choice(vocabulary) for _ in range(k))
+
+
 class Prompts:
     """The prompts of one round of a replay: equal hash ids give equal blocks of words."""
 
-    def __init__(self, block_size: int, salt: str, words: Callable[[random.Random, int], str]) -> None:
+    def __init__(self, block_size: int, salt: str, words: Words, frame: Framing = Framing()) -> None:
         self.block_size = block_size
         self.salt = salt
-        self._words = words
+        self.frame = frame
+        self._words = frame.words(words)
         self.block = lru_cache(maxsize=_BLOCKS_KEPT)(self._block)
 
     def _block(self, hash_id: int) -> tuple[str, ...]:
         return tuple(self._words(random.Random(f"{self.salt}/block/{hash_id}"), self.block_size).split())
 
     def text(self, line: TraceLine, index: int) -> str:
-        """``line``'s prompt: ``input_length`` words, block by block; ``index`` seeds its own words."""
+        """``line``'s prompt: the words of token positions ``lead`` .. ``input_length - trail``, block by block
+        (position ``p``: word ``p % block_size`` of hash id ``hash_ids[p // block_size]``); positions past the
+        ids take words of the request's own, seeded by ``index``."""
+        size, pos = self.block_size, self.frame.lead
+        stop = max(pos, line.input_length - self.frame.trail)
         words: list[str] = []
-        for h in line.hash_ids:
-            if len(words) >= line.input_length:
+        for b, h in enumerate(line.hash_ids):
+            end = min(stop, (b + 1) * size)
+            if pos >= stop:
                 break
-            words.extend(self.block(h)[:line.input_length - len(words)])
-        if len(words) < line.input_length:
-            words.extend(self._words(random.Random(f"{self.salt}/own/{index}"), line.input_length - len(words)).split())
+            if end > pos:
+                words.extend(self.block(h)[pos - b * size:end - b * size])
+                pos = end
+        if pos < stop:
+            words.extend(self._words(random.Random(f"{self.salt}/own/{index}"), stop - pos).split())
         return " ".join(words)
+
+
+def _one_token_words(tok: PromptTokenizer, candidates: Sequence[str]) -> tuple[str, ...]:
+    """The candidates that this tokenizer keeps one token each, alone and in a run of words."""
+    return tuple(w for w in candidates if len(tok.encode(w, False)) == 1 and len(tok.encode(f"{w} {w} {w}", False)) == 3)
+
+
+def _body(text: str, chat: bool) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
+
+
+def framing(tok: PromptTokenizer, chat: bool, block_size: int, candidates: Sequence[str]) -> Framing:
+    """The engine's framing of a replayed prompt, measured with its tokenizer, and checked: two probe
+    prompts sharing two blocks are counted ``input_length`` tokens each and share exactly those blocks.
+    TokenizerError (one line) when the tokenizer cannot give exact lengths."""
+    from exporter.proxy.prompttokens import TokenizerError
+
+    vocabulary = _one_token_words(tok, candidates)
+    if len(vocabulary) < 8:
+        raise TokenizerError(f"the tokenizer keeps only {len(vocabulary)} of the driver's words as one token each: "
+                             "a replay cannot give exact lengths with it (leave out --tokenizer)")
+
+    def ids(text: str) -> list[int]:
+        got = tok.prompt_ids(_body(text, chat), chat)
+        if got is None:
+            raise TokenizerError("the tokenizer has no chat template: a --chat replay cannot be framed with it")
+        return got
+
+    a, b = ids(vocabulary[0]), ids(vocabulary[1])
+    lead = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    frame = Framing(lead, len(a) - lead - 1, vocabulary)
+    blocks = 2 - (-(frame.lead + frame.trail) // block_size)  # two blocks of words at least
+    shared = blocks * block_size
+    probes = [TraceLine(0.0, shared + 3, 1, (*range(blocks), blocks)), TraceLine(0.0, shared + 2, 1, tuple(range(blocks)))]
+    prompts = Prompts(block_size, "framing", lambda rng, k: "", frame)
+    got = [ids(prompts.text(line, i)) for i, line in enumerate(probes)]
+    if len(a) != len(b) or [len(g) for g in got] != [p.input_length for p in probes] \
+            or got[0][:shared - frame.trail] != got[1][:shared - frame.trail]:
+        raise TokenizerError("the tokenizer does not count the replay's words one token each around its "
+                             f"{'chat template' if chat else 'special tokens'}: a replay cannot give exact lengths "
+                             "with it (leave out --tokenizer)")
+    return frame
+
+
+class Replays:
+    """The traces a driver replays (each read once) and how the engine frames their prompts (measured once
+    per chat or not and block size, with the engine's tokenizer when the driver has one)."""
+
+    def __init__(self, seed: int, words: Words, candidates: Sequence[str], tokenizer: PromptTokenizer | None) -> None:
+        self.seed = seed
+        self.tokenizer = tokenizer
+        self._words = words
+        self._candidates = tuple(candidates)
+        self._traces: dict[str, list[TraceLine]] = {}
+        self._framings: dict[tuple[bool, int], Framing] = {}
+
+    def lines(self, path: str) -> list[TraceLine]:
+        if path not in self._traces:
+            self._traces[path] = read_trace(path)
+        return self._traces[path]
+
+    def framing(self, chat: bool, block_size: int) -> Framing:
+        """:func:`framing` with the tokenizer; nothing (a word per token) without one.  TokenizerError."""
+        if self.tokenizer is None:
+            return Framing()
+        if (chat, block_size) not in self._framings:
+            self._framings[chat, block_size] = framing(self.tokenizer, chat, block_size, self._candidates)
+        return self._framings[chat, block_size]
+
+    def prompts(self, trace: str, chat: bool, block_size: int, salt: str) -> Prompts:
+        """A round's prompts for a trace cell: the trace read, text of its own per ``salt``."""
+        self.lines(trace)
+        return Prompts(block_size, f"{self.seed}/{salt}", self._words, self.framing(chat, block_size))
