@@ -111,8 +111,19 @@ _PARTS_NOTE = ("queue: the engine held the request before scheduling it; prefill
 
 
 def _ttft_parts(p95: bool) -> tuple[Query, ...]:
-    return tuple(Query(_p95(metric) if p95 else f"{_rate(metric + '_sum')} / {_rate(metric + '_count')}",
-                       f"{LEGEND} {word} {'P95' if p95 else 'mean'}", ref)
+    """Per engine that told its clock in the window: an engine that never does (SGLang, live) has
+    no series rather than a NaN one."""
+    def told(metric: str) -> str:
+        return f"{_rate(metric + '_count')} > 0"
+
+    def p95_of(metric: str) -> str:
+        buckets = f"sum by ({E}, le) (rate({metric}_bucket{MIXIN.proxy(_ES)}[{W}]))"
+        return f"histogram_quantile(0.95, {buckets} and on ({E}) {told(metric)})"
+
+    def mean_of(metric: str) -> str:
+        return f"{_rate(metric + '_sum')} / {_rate(metric + '_count')} and {told(metric)}"
+
+    return tuple(Query(p95_of(metric) if p95 else mean_of(metric), f"{LEGEND} {word} {'P95' if p95 else 'mean'}", ref)
                  for (word, metric), ref in zip(_TTFT_PARTS, "ABC"))
 
 

@@ -7,7 +7,8 @@ engine's own ``prompt_tokens`` and ``completion_tokens``, and ``hash_ids`` numbe
 ``prefix_hashes`` 0, 1, 2, ... in first-seen order (equal ids: equal prompt blocks, each chained to
 the blocks before it).  Only successful requests, unless ``--all`` (then a failure without usage
 takes the proxy's own token count and the length it asked for, or is left out).  Warm-ups
-(scenario ``warmup``) are left out.
+(scenario ``warmup``) are left out; ``--scenario NAME`` keeps one scenario's requests only (a
+slice of a run: the demo replays its own multi-turn cell this way).
 
 How many ids a line has: AIPerf's loader (``PromptGenerator._build_token_sequence`` in
 ``aiperf/dataset/generator/prompt.py``) builds ``len(hash_ids) - 1`` full blocks and a last one of
@@ -59,15 +60,22 @@ def _lengths(r: Mapping[str, Any], everything: bool) -> tuple[int, int] | None:
     return n_in, n_out
 
 
-def _pick(records: Sequence[Mapping[str, Any]], run: str | None, engine: str | None) -> list[Mapping[str, Any]]:
-    """The records of one run and one engine (refused when several and none is named), warm-ups out."""
+def _pick(records: Sequence[Mapping[str, Any]], run: str | None, engine: str | None,
+          scenario: str | None = None) -> list[Mapping[str, Any]]:
+    """The records of one run and one engine (refused when several and none is named), warm-ups out;
+    with ``scenario``, that scenario's only."""
     runs = runs_in(records)
     if run is None and len(runs) > 1:
         raise TraceError(f"the records hold {len(runs)} runs ({', '.join(runs)}): pick one with --run ID")
     picked = [r for r in records if r.get("start_unix") is not None and r.get("scenario") not in SKIP_SCENARIOS
-              and (run is None or run_of(r) == run or run in run_of(r).split("+"))]
+              and (run is None or run_of(r) == run or run in run_of(r).split("+"))
+              and (scenario is None or r.get("scenario") == scenario)]
     if run is not None and not picked:
         raise RunError(f"--run {run}: no records of that run (runs there: {', '.join(runs) or 'none'})")
+    if scenario is not None and not picked:
+        names = sorted({str(r.get("scenario")) for r in records} - set(SKIP_SCENARIOS))
+        raise TraceError(f"--scenario {scenario}: no requests of that scenario (scenarios there: "
+                         f"{', '.join(names) if names else 'no requests at all'})")
     engines = sorted({str(r.get("engine")) for r in picked})
     if engine is None and len(engines) > 1:
         raise TraceError(f"the run holds {len(engines)} engines ({', '.join(engines)}): pick one with --engine NAME")
@@ -75,9 +83,10 @@ def _pick(records: Sequence[Mapping[str, Any]], run: str | None, engine: str | N
 
 
 def mooncake_lines(records: Sequence[Mapping[str, Any]], *, run: str | None = None, engine: str | None = None,
-                   everything: bool = False, block_size: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   everything: bool = False, block_size: int | None = None,
+                   scenario: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The trace's lines and what the note says of them (counts, the block size, the run)."""
-    picked = sorted(_pick(records, run, engine), key=lambda r: float(r["start_unix"]))
+    picked = sorted(_pick(records, run, engine, scenario), key=lambda r: float(r["start_unix"]))
     sizes = {r["trace_block_size"] for r in picked if isinstance(r.get("trace_block_size"), int)}
     if len(sizes) > 1:
         raise TraceError(f"the records were hashed with block sizes {sorted(sizes)}: one trace needs one")
@@ -105,6 +114,7 @@ def mooncake_lines(records: Sequence[Mapping[str, Any]], *, run: str | None = No
     stats["requests"] = len(lines)
     runs = sorted({run_of(r) for r in picked})
     return lines, {**stats, "block_size": size, "distinct_ids": next(counter), "everything": everything,
+                   "scenario": scenario,
                    "run": runs[0] if len(runs) == 1 else run, "engine": engine or next(iter({str(r.get("engine"))
                                                                                       for r in picked}), None)}
 
@@ -120,12 +130,14 @@ def note_text(out: Path, facts: Mapping[str, Any], records: str) -> str:
     which = "every request (--all)" if facts["everything"] else "successful requests only"
     lines = [
         f"# Mooncake trace {out.name}", "",
-        f"- From the proxy's records {records}, run {facts['run']}, engine {facts['engine']}: "
+        f"- From the proxy's records {records}, run {facts['run']}, engine {facts['engine']}"
+        f"{', scenario ' + str(facts['scenario']) if facts.get('scenario') else ''}: "
         f"{facts['requests']} requests, {which}, in arrival order; {facts['skipped']} left out "
         "(failed, or without the lengths a line needs).",
         f"- **Block size: {size} tokens.**  Each line has ceil(input_length / {size}) hash ids, as AIPerf's "
         f"mooncake_trace loader expects; replay with the same block size (AIPerf `--custom-dataset-type "
-        f"mooncake_trace --isl-block-size {size}`, `llm-bench-exporter load --trace {out.name} --block-size {size}`).",
+        f"mooncake_trace --isl-block-size {size}`, `llm-bench-exporter load --trace {out.name} --block-size {size}`, "
+        "with `--tokenizer MODEL_DIR` for prompts of exactly `input_length` tokens as the engine counts them).",
         "- Kept: each request's arrival (`timestamp`, ms since the run's first arrival), the engine's own "
         "prompt and completion token counts (`input_length`, `output_length`), and `hash_ids`: equal ids are "
         "equal blocks of prompt tokens, each block's id standing for it and every block before it (a shared "
@@ -156,7 +168,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     try:
         records, _ = load_many([Path(args.records)])
         lines, facts = mooncake_lines(records, run=args.run, engine=args.engine, everything=args.all,
-                                      block_size=args.block_size)
+                                      block_size=args.block_size, scenario=args.scenario)
         if not lines:
             raise TraceError(f"no {'' if args.all else 'successful '}requests to write from {args.records}")
         note = write_trace(Path(args.out), lines, facts, args.records)
@@ -187,6 +199,8 @@ def add_parser(sub: Any) -> None:
                                                "several are refused)")
     t.add_argument("--engine", metavar="NAME", help="the engine whose requests to write (default: the run's only "
                                                     "engine; several are refused)")
+    t.add_argument("--scenario", metavar="NAME", help="only the requests of this scenario (default: every "
+                                                      "scenario of the run but the warm-ups)")
     t.add_argument("--out", required=True, metavar="FILE", help="the trace (JSON lines); the note goes to FILE.md")
     t.add_argument("--all", action="store_true", help="every request, failures too (default: successful ones only)")
     t.add_argument("--block-size", type=int, metavar="N",

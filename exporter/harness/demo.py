@@ -1,11 +1,12 @@
 """``llm-bench-exporter demo``: the whole stack on one machine with simulated engines.
 
 Starts a simulated SGLang and a simulated vLLM (the latter with a small ``empty_text``
-rate, the seed's failure), the proxy in front of both with 8 simulated GPUs, and a real
-Prometheus with the repo's config when one is installed.  Then it runs a short plan against
-each engine in turn, like the seed, writes the dashboards and the round tables (with
-goodput and the rounds' noise), compares the two engines (``evidence compare``), prints
-where everything is, and shuts every child down.
+rate, the seed's failure), the proxy in front of both with 8 simulated GPUs and a trace
+capture, and a real Prometheus with the repo's config when one is installed.  Then it runs a
+short plan against each engine in turn, like the seed, replays its own multi-turn traffic
+against both as one more cell (``evidence trace``, ``load --trace``), writes the dashboards and
+the round tables (with goodput and the rounds' noise), compares the two engines (``evidence
+compare``), prints where everything is, and shuts every child down.
 
 Also ``python -m exporter.demo [options]`` and ``python -m exporter.harness.demo [options]``.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .cliutil import HelpFormatter, UserError, ensure_out_dir, fail, non_negative_float, positive_float, probability
+from .demo_trace import BLOCK_SIZE, SCENARIO, capture_and_replay, fidelity, trace_tokenizer, traced_scenario
 from .load import Driver
 from .plan import Plan, PlanError, load_plan, scenario_names
 from .stack import ENGINES, REPO_FILES, LocalStack
@@ -132,7 +134,8 @@ def _empty_200s(out: Path) -> list[str]:
         from exporter.evidence.tokens import TokenizerError, load_vocabulary, summary_line
 
         from .sim_vocab import write_tokenizer
-        vocabulary = load_vocabulary(write_tokenizer(out / "sim-tokenizer"))
+        named = out / "sim-tokenizer"  # the simulated model's tokenizer when the demo traced, else its vocabulary
+        vocabulary = load_vocabulary(named if (named / "tokenizer.json").exists() else write_tokenizer(named))
     except (ImportError, TokenizerError) as exc:
         return lines + [f"  (not shown: {exc})"]
     for rec in empty[:3]:
@@ -151,10 +154,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _start(stack: LocalStack, args: argparse.Namespace, plan: Plan) -> str | None:
-    """The engines, the proxy and (unless told not to, or missing) Prometheus; its URL."""
-    scenarios = scenario_names(plan)
-    stack.start(scenarios=scenarios, speed=args.speed, gpu=args.gpu,
+def _start(stack: LocalStack, args: argparse.Namespace, plan: Plan, tokenizer: Path | None) -> str | None:
+    """The engines, the proxy (with a trace capture when there is a ``tokenizer``) and (unless told not
+    to, or missing) Prometheus; its URL."""
+    scenarios = [*scenario_names(plan), *([SCENARIO] if tokenizer is not None else [])]
+    stack.start(scenarios=scenarios, speed=args.speed, gpu=args.gpu, tokenizer=tokenizer, block_size=BLOCK_SIZE,
                 vllm_faults=["--fault-empty-text", str(args.empty_text_rate)])
     if args.no_prometheus:
         _say("Prometheus: skipped (--no-prometheus)")
@@ -209,11 +213,35 @@ def _report(out: Path, stack: LocalStack, tables: tuple[str | None, str], found:
         _say(f"again:      evidence export --prometheus {stack.prom_url} --window {window} --out DIR")
 
 
+def _replay(stack: LocalStack, out: Path, plan: Plan, tokenizer: Path | None) -> list[dict[str, Any]]:
+    """The demo's own traffic replayed (:mod:`.demo_trace`): the replays' summaries, their table and how
+    the replay, captured again, compares with the trace."""
+    if tokenizer is None:
+        return []
+    from exporter.evidence.mooncake import TraceError
+    from exporter.proxy.prompttokens import TokenizerError
+
+    scenario = traced_scenario(plan)
+    try:
+        summaries = capture_and_replay(stack.proxy_url, out, tokenizer, scenario, ENGINES, _say)
+    except (TraceError, TokenizerError, PlanError, OSError) as exc:
+        _say(f"trace replay failed: {exc}")
+        return []
+    _say("\n" + round_table(summaries) + "\n")
+    trace = out / "trace" / f"{scenario}.jsonl"
+    for name in ENGINES:
+        _say(fidelity(out, trace, name))
+    return summaries
+
+
 def _run(args: argparse.Namespace, out: Path, plan: Plan, stack: LocalStack) -> int:
-    prom_url = _start(stack, args, plan)
+    tokenizer, said = trace_tokenizer(out)
+    _say(said)
+    prom_url = _start(stack, args, plan, tokenizer)
     _say(f"proxy: {stack.proxy_url}  (metrics at /metrics)")
     started = time.time()
     summaries = _drive(stack, plan, out, args.plan)
+    summaries += _replay(stack, out, plan, tokenizer)
     ended = time.time()
     time.sleep(args.settle)  # let Prometheus scrape the last counts
     (out / "summary.json").write_text(json.dumps(summaries, indent=2), encoding="utf-8")

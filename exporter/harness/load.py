@@ -49,7 +49,7 @@ from .tables import write_tables
 if TYPE_CHECKING:
     from exporter.proxy.prompttokens import PromptTokenizer
 
-__all__ = ["Cell", "Stage", "Plan", "PlanError", "Driver", "load_plan", "make_prompt", "proxy_verdict"]
+__all__ = ["Cell", "Stage", "Plan", "PlanError", "Driver", "load_plan", "make_prompt", "proxy_verdict", "PROMPT_WORDS"]
 
 _VOCAB = (
     "time person year way day thing man world life hand part child eye woman place work week case "
@@ -59,6 +59,10 @@ _VOCAB = (
     "information back parent face others level office door health art war history party result "
     "change morning reason research girl guy moment air teacher force education"
 ).split()
+
+
+#: the words of the driver's prompts (a model tokenizer for the simulated engines names them: sim_vocab)
+PROMPT_WORDS = tuple(_VOCAB)
 
 
 def make_prompt(rng: random.Random, words: int) -> str:

@@ -186,6 +186,20 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
                         "turn (default: no tools)")
 
 
+def _add_trace_options(p: argparse.ArgumentParser) -> None:
+    """``--speedup X``, ``--block-size N``, ``--tokenizer PATH``: how a trace cell replays (:mod:`.replay`)."""
+    p.add_argument("--speedup", metavar="X", type=positive_float,
+                   help="with --trace: its timestamps divided by X (default: 1, as recorded)")
+    p.add_argument("--block-size", metavar="N", type=positive_int,
+                   help="with --trace: tokens per hash id, as the trace's note says (default: 512)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="with --trace (or a plan's trace cells): the engine's tokenizer (its model directory or "
+                        "tokenizer.json; the trace extra), so that each prompt is exactly input_length tokens as "
+                        "the engine counts them (its BOS, its chat template) and its blocks fall on the trace's "
+                        "block boundaries (default: none, one word per token, as the simulated engines count "
+                        "without --tokenizer)")
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("load", help="drive benchmark load (closed or open loop)", description=(
         "Closed-loop (--concurrency) or open-loop (--rate, Poisson arrivals) load against an OpenAI base "
@@ -209,16 +223,7 @@ def add_parser(sub: Any) -> None:
                            "equal hash_ids give equal prompt blocks, output_length is max_tokens with ignore_eos; "
                            "--requests takes its first lines, each round replays it with text of its own "
                            "(default: none)")
-    p.add_argument("--speedup", metavar="X", type=positive_float,
-                   help="with --trace: its timestamps divided by X (default: 1, as recorded)")
-    p.add_argument("--block-size", metavar="N", type=positive_int,
-                   help="with --trace: tokens per hash id, as the trace's note says (default: 512)")
-    p.add_argument("--tokenizer", metavar="PATH",
-                   help="with --trace (or a plan's trace cells): the engine's tokenizer (its model directory or "
-                        "tokenizer.json; the trace extra), so that each prompt is exactly input_length tokens as "
-                        "the engine counts them (its BOS, its chat template) and its blocks fall on the trace's "
-                        "block boundaries (default: none, one word per token, as the simulated engines count "
-                        "without --tokenizer)")
+    _add_trace_options(p)
     p.add_argument("--requests", metavar="N", type=positive_int,
                    help="requests per round (default: none; needed without --plan)")
     p.add_argument("--rounds", metavar="N", type=positive_int, default=1, help="rounds per scenario")

@@ -182,8 +182,9 @@ def _body(text: str, chat: bool) -> dict[str, Any]:
 
 def framing(tok: PromptTokenizer, chat: bool, block_size: int, candidates: Sequence[str]) -> Framing:
     """The engine's framing of a replayed prompt, measured with its tokenizer, and checked: two probe
-    prompts sharing two blocks are counted ``input_length`` tokens each and share exactly those blocks.
-    TokenizerError (one line) when the tokenizer cannot give exact lengths."""
+    prompts whose hash ids share their first blocks are counted ``input_length`` tokens each and have
+    those blocks' tokens in common.  TokenizerError (one line) when the tokenizer cannot give exact
+    lengths.  (A line shorter than ``lead + trail`` cannot be matched: it gets no words at all.)"""
     from exporter.proxy.prompttokens import TokenizerError
 
     vocabulary = _one_token_words(tok, candidates)

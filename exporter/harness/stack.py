@@ -167,12 +167,16 @@ class LocalStack:
         return f"http://127.0.0.1:{self.ports['proxy']}"
 
     def start(self, *, scenarios: Sequence[str], speed: float, vllm_faults: Sequence[str] = (),
-              gpu: str = "off", gpu_interval_s: float = 5.0, seed: int = 7) -> None:
+              gpu: str = "off", gpu_interval_s: float = 5.0, seed: int = 7, tokenizer: Path | None = None,
+              block_size: int = 512) -> None:
         """The engines and the proxy (records in ``out/records``), ready; Prometheus's config
         rendered for them.  The simulated vLLM tells its own clock per request, as the real one
-        started with ``--enable-per-request-metrics`` (where TTFT goes)."""
+        started with ``--enable-per-request-metrics`` (where TTFT goes).  With ``tokenizer`` the
+        engines count prompt tokens with it and the proxy captures a trace (``trace:``, blocks of
+        ``block_size`` tokens)."""
         for name in ENGINES:
             flags = [*vllm_faults, "--per-request-metrics"] if name == "vllm" else []
+            flags += ["--tokenizer", str(tokenizer)] if tokenizer is not None else []
             self.children.append(Child(f"sim-{name}", exporter_argv(
                 "sim", "--profile", name, "--listen", f"127.0.0.1:{self.ports[name]}",
                 "--speed", str(speed), "--seed", str(seed), *flags), self.logs))
@@ -185,6 +189,7 @@ class LocalStack:
             "records_dir": str(self.out / "records"),
             "gpu": gpu,
             "gpu_interval_s": gpu_interval_s,
+            **({"trace": {"tokenizer": str(tokenizer), "block_size": block_size}} if tokenizer is not None else {}),
         }
         cfg = self.out / "stack.yaml"
         cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

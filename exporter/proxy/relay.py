@@ -133,8 +133,8 @@ class Relay:
                 else:
                     self._waiter = loop.create_future()
                     await self._waiter
-            if self.error is None and self._held_since is not None:  # the client still lags
-                await self._until_drained(loop, self.timeouts.idle_s)
+            # An episode still open ends with the stream: the request is counted and recorded now,
+            # at its end, so that a scrape after its end counts it (exact counts per window).
         finally:
             upstream.detach()
             self.ended = True
@@ -235,20 +235,20 @@ class Relay:
 
     # -- client back-pressure -----------------------------------------------------------------
 
-    async def _until_drained(self, loop: asyncio.AbstractEventLoop, limit: float | None = None) -> None:
-        """Wait for the client's ``resume_writing`` (or the stream's end, or ``limit`` s), end
-        the episode and resume the upstream."""
+    async def _until_drained(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for the client's ``resume_writing`` (or the stream's end), end the episode and
+        resume the upstream."""
         assert self._writer is not None
         drained = asyncio.ensure_future(self._writer.drain())
         self._waiter = loop.create_future()
         try:
-            await asyncio.wait((drained, self._waiter), timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((drained, self._waiter), return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not drained.done():
                 drained.cancel()
         if drained.done() and not drained.cancelled() and drained.exception() is not None:
             self.end(ClientGone(), time.time())
-        if drained.done() or limit is not None:
+        if drained.done():
             self._end_episode()
             self._last = loop.time()
             if self._upstream is not None and not self.ended:

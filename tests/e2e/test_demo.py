@@ -106,8 +106,9 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
             summary = json.loads((out / "load" / engine / "summary.json").read_text())
             assert summary["cells"] and (out / "load" / engine / "rounds.csv").exists()
         records = (out / "records" / "requests.jsonl").read_text().splitlines()
-        assert len(records) == sum(
-            len((out / "load" / e / "requests.jsonl").read_text().splitlines()) for e in ("sglang", "vllm"))
+        assert len(records) == sum(len((out / "load" / e / "requests.jsonl").read_text().splitlines())
+                                   for e in ("sglang", "vllm", "sglang-replay", "vllm-replay"))
+        _replays_its_own_traffic(out, log, "chat-s4", 12)
         boards = sorted(p.name for p in (out / "dashboards").glob("*.json"))
         assert boards, "the demo writes the dashboards"
         assert (out / "evidence" / "EVIDENCE.md").exists() and (out / "evidence" / "comparison.png").exists()
@@ -137,6 +138,28 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     # every child is gone: nothing listens on the Prometheus port any more
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{prom}/-/ready", timeout=2)
+
+
+def _replays_its_own_traffic(out: Path, log: str, scenario: str, n: int) -> None:
+    """The proxy captured the demo's traffic (prefix hashes in every record), the demo wrote one cell of it
+    as a Mooncake trace, replayed it against both engines as one more cell and captured the replay again:
+    the same lengths and prefix sharing as the trace, each replay's row in the round table."""
+    assert "trace: on" in log, log
+    records = [json.loads(r) for r in (out / "records" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["prefix_hashes"] and r["trace_block_size"] == 64 for r in records if r["outcome"] == "success")
+    trace = out / "trace" / f"{scenario}.jsonl"
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert len(lines) == n and "Block size: 64 tokens" in (out / "trace" / f"{scenario}.jsonl.md").read_text()
+    assert f"trace:      {trace} ({n} requests of {scenario} on sglang" in log, log
+    for engine in ("sglang", "vllm"):
+        assert re.search(rf"^{engine}\s+replay\s+\d+/{n}\s", log, re.M), log
+        assert re.search(rf"replay captured again \({engine}\): {n} of {n} requests( \(\d+ failed, compared by "
+                         r"their usage\))?, lengths as in the trace, "
+                         r"\d+ block ids with \d+ reused \(trace: \d+, \d+\): the same; arrivals within \d+ ms", log), log
+        replayed = json.loads((out / "load" / f"{engine}-replay" / "summary.json").read_text())
+        assert replayed["cells"][0]["median"]["requests"] == n
+    # the trace's prompts reach no file: the records keep hashes, the trace ids
+    assert '"prompt"' not in (out / "records" / "requests.jsonl").read_text()
 
 
 def _names_the_simulated_engines(out: Path) -> None:
@@ -171,3 +194,24 @@ def test_demo_without_prometheus_says_how_to_get_it(tmp_path: Path) -> None:
     assert re.search(r"^sglang\s+short-c2\s", proc.stdout, re.M) and (out / "rounds.txt").exists()
     assert (out / "compare" / "compare.md").exists(), proc.stdout
     assert (out / "prometheus" / "prometheus.yml").exists()  # ready for a Prometheus started later
+    _replays_its_own_traffic(out, proc.stdout, "short-c2", 4)  # no sessions in the plan: its first cell
+
+
+def test_demo_without_the_trace_extra_says_what_it_skipped(tmp_path: Path) -> None:
+    """Without tokenizers (the trace extra) the demo runs on, without a trace, and says so."""
+    hide = tmp_path / "hide" / "tokenizers"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError('tokenizers hidden by the test')\n")
+    plan = tmp_path / "tiny.yaml"
+    plan.write_text("stages:\n  - name: core\n    cells:\n"
+                    "      - {scenario: short-c2, input_tokens: 16, output_tokens: 8, concurrency: 2, requests: 4}\n")
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", "demo", "--out", str(out), "--plan", str(plan), "--speed", "20",
+         "--settle", "0", "--no-prometheus"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(hide.parent), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "trace: skipped (the trace extra is not installed: pip install -e '.[trace]')" in proc.stdout
+    assert "replaying" not in proc.stdout and "replay captured again" not in proc.stdout and not (out / "trace").exists()
+    assert re.search(r"^vllm\s+short-c2\s+4/4", proc.stdout, re.M), proc.stdout

@@ -90,7 +90,8 @@ def _start_proxies(site: Site) -> None:
     for i in (1, 2):
         for engine in ENGINES:
             port = site.ports[f"{engine}{i}"] = free_port()  # sim and serve refuse port 0 and name no bound port
-            faults = ["--fault-empty-text", "0.15"] if engine == "vllm" else []
+            # the simulated vLLM tells its own clock, as the demo's does: "Where TTFT goes" has its series
+            faults = ["--fault-empty-text", "0.15", "--per-request-metrics"] if engine == "vllm" else []
             sim = site.spawn(f"sim-{engine}{i}", exporter_argv(
                 "sim", "--profile", engine, "--listen", f"127.0.0.1:{port}", "--speed", "1", "--seed", str(i), *faults))
             wait_http(f"http://127.0.0.1:{port}/health", 30, sim)

@@ -17,6 +17,7 @@ import signal
 import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from dashboards.catalogue import INTERNALS, expand
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.stack import render_prometheus_config, wait_for_scrapes
 
-from tests.helpers import RealStack, require_prometheus, scrapes_since, start_prometheus_on_port_0
+from tests.helpers import RealStack, read_records, require_prometheus, scrapes_since, start_prometheus_on_port_0
 from tests.vllm_engine import VllmServer, bench_serve, build_model, require_vllm, start_proxy
 
 MAX_TOKENS = 12
@@ -192,6 +193,80 @@ def test_the_seeds_empty_200_says_what_the_engine_generated(real: RealStack,
     assert evidence_main(["decode", str(capture), "--tokenizer", str(real.server.model), "--json"]) == 0
     (decoded,) = json.loads(capsys.readouterr().out)
     assert [(t["id"], t["token"], t["special"]) for t in decoded["tokens"]] == [(2, "</s>", True)] * 16
+
+
+def _replay(url: str, trace: Path, out: Path, model: Path, scenario: str, chat: bool) -> list[dict[str, Any]]:
+    """``load --trace TRACE --tokenizer MODEL --block-size 16``, in process; the driver's records."""
+    import asyncio
+
+    from exporter.harness.load import Driver
+    from exporter.harness.plan import Plan, Stage, cell_from_options
+    from exporter.proxy.prompttokens import PromptTokenizer
+
+    cell = cell_from_options(scenario=scenario, input_tokens=None, output_tokens=None, requests=None,
+                             trace=str(trace), block_size=TRACE_BLOCK, chat=chat)
+
+    async def drive() -> None:
+        async with Driver(f"{url}/vllm", out, seed=2, tokenizer=PromptTokenizer(model)) as driver:
+            await driver.run_plan(Plan([Stage("s", [cell])]))
+
+    asyncio.run(drive())
+    return [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+
+
+def _traced(out: Path, scenario: str, n: int, write: Path | None = None) -> list[dict[str, Any]]:
+    """``evidence trace --scenario SCENARIO`` of the proxy's records under ``out`` (to ``write``)."""
+    from exporter.evidence.mooncake import mooncake_lines, write_trace
+
+    deadline = time.monotonic() + 30
+    while len([r for r in read_records(out) if r["scenario"] == scenario]) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines, facts = mooncake_lines(read_records(out), scenario=scenario)
+    assert len(lines) == n and facts["unhashed_blocks"] == 0, facts
+    if write is not None:
+        write_trace(write, lines, facts, str(out))
+    return lines
+
+
+TRACE_BLOCK = 16
+
+
+def test_a_replay_on_the_real_vllm_is_the_trace_it_replayed(real: RealStack) -> None:
+    """Fidelity against the real engine: traffic through a proxy with ``trace:`` (the model's own tokenizer and
+    chat template), exported, replayed with ``--tokenizer`` (as completions, then as chat) and captured again
+    gives the same lengths, as vLLM counts them, the same hash ids and arrivals within the schedule lag."""
+    out = real.out / "trace"
+    model = real.server.model
+    proxy, url = start_proxy(out, [{"name": "vllm", "upstream": real.server.url}], scenarios=["live", "replay", "replay-chat"],
+                             trace={"tokenizer": str(model), "block_size": TRACE_BLOCK})
+    try:
+        system = "import json\n\ndef handle(request):\n    body = json.loads(request.body)\n    return body\n" * 3
+        asks = ["What does it return?", "Explain the loop.", "Rewrite it without json, keeping its behaviour."]
+        live = [{"prompt": system + asks[0]}, {"prompt": system + asks[1]},
+                {"messages": [{"role": "system", "content": system}, {"role": "user", "content": asks[2]}]},
+                {"prompt": system + asks[0]}, {"prompt": "def f(x):\n    return x * 2\n" * 4}]
+        for i, body in enumerate(live):
+            route = "chat/completions" if "messages" in body else "completions"
+            r = requests.post(f"{url}/vllm/v1/{route}", headers={"X-Bench-Scenario": "live"}, timeout=120, json={
+                **body, "model": "tiny", "stream": True, "ignore_eos": True, "max_tokens": 3 + i,
+                "stream_options": {"include_usage": True}})
+            assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text[-300:]
+            time.sleep(0.1)
+        trace = out / "live.jsonl"
+        first = _traced(out, "live", len(live), trace)
+        ids = [x["hash_ids"] for x in first]
+        assert ids[3] == ids[0] and ids[1][:2] == ids[0][:2] and ids[1] != ids[0]  # a shape worth keeping
+        for scenario, chat in (("replay", False), ("replay-chat", True)):
+            sent = _replay(url, trace, out / scenario, model, scenario, chat)
+            assert all(r["outcome"] == "success" for r in sent), sent
+            again = _traced(out, scenario, len(live))
+            assert [(x["input_length"], x["output_length"]) for x in again] == \
+                [(x["input_length"], x["output_length"]) for x in first], (scenario, again, first)
+            assert [x["hash_ids"] for x in again] == ids, scenario
+            lag = max(r["schedule_lag_s"] for r in sent) * 1000
+            assert all(abs(a["timestamp"] - b["timestamp"]) <= 2 * lag + 50 for a, b in zip(first, again)), (lag, again)
+    finally:
+        proxy.stop()
 
 
 def test_dead_engine_core_is_judged_sse_error(real: RealStack) -> None:

@@ -13,7 +13,7 @@ from dashboards.rules import RULES_FILE
 
 _AGG = r"(sum|max|min|count)( by \(\))? ?\(\)"
 _NUMBER = r"\d+(\.\d+)?"
-_OP = r" (/|>|<|\*|-|\+|or|and|unless)( ignoring \(\) group_left)? "
+_OP = r" (/|>|<|\*|-|\+|or|and|unless)( ignoring \(\) group_left| on \(\))? "
 _AGGREGATED = re.compile(rf"^({_AGG}|{_NUMBER})({_OP}({_AGG}|{_NUMBER}))*$")
 #: the one query that shows each proxy on its own, deliberately: loop lag is per process
 PER_INSTANCE = {("proxy_timing_error", "A")}
@@ -53,6 +53,8 @@ def test_skeleton_tells_aggregated_from_raw() -> None:
     assert not _AGGREGATED.match(_top_level('rate(x{a="b"}[1m])'))
     assert not _AGGREGATED.match(_top_level('sum by (engine) (x) / y{engine="a"}'))
     assert not _AGGREGATED.match(_top_level('histogram_quantile(0.95, rate(x_bucket[1m]))'))
+    assert _AGGREGATED.match(_top_level('histogram_quantile(0.95, sum by (engine, le) (rate(x_bucket[1m])) '
+                                        'and on (engine) sum by (engine) (rate(x_count[1m])) > 0)'))
 
 
 def test_every_query_aggregates_across_instances() -> None:

@@ -13,6 +13,7 @@ from exporter.evidence.decode import decode_capture
 from exporter.evidence.tokens import load_vocabulary, summary_line
 from exporter.harness.sim import build_params, create_sim_app
 from exporter.harness.sim_vocab import EOS_ID, token_id, write_tokenizer
+
 from tests.helpers import wait_for_records
 
 pytest.importorskip("tokenizers")
@@ -48,3 +49,21 @@ def test_the_vocabulary_is_a_tokenizer_json(tmp_path: Path) -> None:
     assert special == {0, 1, 2, 3} and tok.id_to_token(EOS_ID) == "</s>"
     assert tok.encode("tok0 tok7").ids == [token_id(0), token_id(7)]
     assert doc["model"]["type"] == "WordLevel"
+
+
+def test_the_model_tokenizer_names_the_prompts_and_frames_them(tmp_path: Path) -> None:
+    """The demo's model tokenizer: the answers' ids unchanged, the driver's words one token each, a BOS
+    before a plain prompt and a chat template, so that a replay's lengths come back exact."""
+    from exporter.harness.load import PROMPT_WORDS
+    from exporter.harness.replay import framing
+    from exporter.harness.sim_vocab import write_model_tokenizer
+    from exporter.proxy.prompttokens import PromptTokenizer
+
+    tok = PromptTokenizer(write_model_tokenizer(tmp_path / "model", PROMPT_WORDS))
+    ids = tok.encode("tok0 tok7 time person", True)
+    assert ids[:3] == [1, token_id(0), token_id(7)] and len(ids) == 5 and 0 not in ids  # <s>, no <unk>
+    chat = tok.prompt_ids({"messages": [{"role": "user", "content": "time person"}]}, True)
+    assert chat is not None and len(chat) == 1 + 1 + 2 + 1 + 1 and 0 not in chat  # <s> <|user|> .. </s> <|assistant|>
+    vocabulary, _ = load_vocabulary(tmp_path / "model")
+    assert vocabulary.id_to_token(EOS_ID) == "</s>" and vocabulary.id_to_token(token_id(3)) == "tok3"
+    assert (framing(tok, False, 64, PROMPT_WORDS).lead, framing(tok, True, 64, PROMPT_WORDS).trail) == (1, 2)

@@ -184,6 +184,11 @@ def test_mooncake_export_keeps_runs_and_engines_apart(tmp_path: Path) -> None:
         mooncake_lines([_rec(0, ["a"], 4), {**_rec(1, ["a"], 4), "engine": "sglang"}])
     with pytest.raises(TraceError, match="blocks of 4 tokens"):
         mooncake_lines([_rec(0, ["a"], 4)], block_size=16)
+    sliced = [_rec(0, ["a"], 4), _rec(1, ["b"], 4, scenario="chat"), _rec(2.5, ["b", "c"], 6, scenario="chat")]
+    lines, facts = mooncake_lines(sliced, scenario="chat")  # one scenario: timestamps from its first arrival
+    assert [(x["timestamp"], x["hash_ids"]) for x in lines] == [(0, [0]), (1500, [0, 1])] and facts["scenario"] == "chat"
+    with pytest.raises(TraceError, match="--scenario nope: .*scenarios there: chat, none"):
+        mooncake_lines(sliced, scenario="nope")
 
 
 def test_evidence_trace_writes_the_trace_and_its_note(tmp_path: Path, capsys: Any) -> None:
