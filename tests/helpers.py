@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shutil
 import time
@@ -364,3 +365,8 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout_s: float = 8.0
             return got
         await asyncio.sleep(0.05)
     raise AssertionError(f"not within {timeout_s} s: {check}")
+
+
+def has_data(series: list[dict[str, Any]]) -> bool:
+    """A range query's answer holds at least one value that is a number."""
+    return any(not math.isnan(float(v)) for s in series for _, v in s["values"])

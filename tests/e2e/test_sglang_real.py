@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import socket
@@ -32,7 +31,7 @@ from dashboards.catalogue import INTERNALS, expand
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.stack import free_port, render_prometheus_config, start_prometheus, wait_for_scrapes
 
-from tests.helpers import RealStack, require_prometheus
+from tests.helpers import RealStack, has_data, require_prometheus
 from tests.sglang_engine import DETOKENIZER, SCHEDULER, SglangServer, bench_serving, build_model, require_sglang
 from tests.vllm_engine import start_proxy
 
@@ -189,10 +188,6 @@ def test_sglang_bench_serving_ttft_agrees_with_records(
     assert client_median / proxy_median <= 10, (client_median, proxy_median, proxy, client)
 
 
-def _has_data(series: list[dict[str, Any]]) -> bool:
-    return any(not math.isnan(float(v)) for s in series for _, v in s["values"])
-
-
 @pytest.fixture(scope="module")
 def scraped(real: RealStack, bench_run: tuple[dict[str, Any], list[dict[str, Any]]]) -> Prometheus:
     """Prometheus, once its latest scrapes of SGLang and the proxy include the benchmark's requests."""
@@ -222,7 +217,7 @@ def test_internals_board_reads_real_sglang(real: RealStack, scraped: Prometheus,
     (query,) = [q for p in INTERNALS.panels if p.key == panel for q in p.queries if q.ref == ref]
     expr = expand(query.expr)
     series = scraped.query_range(expr, real.start - 5, time.time(), 1.0)
-    assert _has_data(series), f"{panel}/{ref}: no data from the real SGLang for {expr}"
+    assert has_data(series), f"{panel}/{ref}: no data from the real SGLang for {expr}"
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import statistics
@@ -27,7 +26,14 @@ from dashboards.catalogue import INTERNALS, expand
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.stack import render_prometheus_config, wait_for_scrapes
 
-from tests.helpers import RealStack, read_records, require_prometheus, scrapes_since, start_prometheus_on_port_0
+from tests.helpers import (
+    RealStack,
+    has_data,
+    read_records,
+    require_prometheus,
+    scrapes_since,
+    start_prometheus_on_port_0,
+)
 from tests.vllm_engine import VllmServer, bench_serve, build_model, require_vllm, start_proxy
 
 MAX_TOKENS = 12
@@ -142,10 +148,6 @@ def test_vllm_bench_serve_ttft_agrees_with_records(bench_run: tuple[dict[str, An
     assert client_median / proxy_median <= 10, (client_median, proxy_median, pairs)
 
 
-def _has_data(series: list[dict[str, Any]]) -> bool:
-    return any(not math.isnan(float(v)) for s in series for _, v in s["values"])
-
-
 @pytest.fixture(scope="module")
 def scraped(real: RealStack, bench_run: tuple[dict[str, Any], list[dict[str, Any]]]) -> Prometheus:
     """Prometheus, once its latest scrapes of vLLM and the proxy include the benchmark's requests."""
@@ -170,7 +172,7 @@ def test_internals_board_reads_real_vllm(real: RealStack, scraped: Prometheus, p
     (query,) = [q for p in INTERNALS.panels if p.key == panel for q in p.queries if q.ref == ref]
     expr = expand(query.expr)
     series = scraped.query_range(expr, real.start - 5, time.time(), 1.0)
-    assert _has_data(series), f"{panel}/{ref}: no data from the real vLLM for {expr}"
+    assert has_data(series), f"{panel}/{ref}: no data from the real vLLM for {expr}"
 
 
 def test_the_seeds_empty_200_says_what_the_engine_generated(real: RealStack,
