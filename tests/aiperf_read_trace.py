@@ -6,7 +6,8 @@
 
 Prints one JSON object: ``loader`` (the loader class AIPerf picked), ``traces`` (each line as AIPerf's
 ``MooncakeTrace`` model parsed it) and ``turns`` (the requests AIPerf built from them: timestamp,
-max_tokens, the prompt's token ids by AIPerf's tokenizer).  Imports only the standard library and
+max_tokens, its conversation's session id and its delay, the prompt's token ids by AIPerf's tokenizer; a
+multi-turn trace's lines also give ``session_id`` and ``delay`` as AIPerf parsed them).  Imports only the standard library and
 AIPerf: this venv has no ``exporter``.
 """
 
@@ -43,9 +44,10 @@ def main(trace: str, tokenizer: str, block_size: int) -> None:
         "loader": type(loader).__name__,
         "block_size": plan.configs[0].datasets[0].block_size,
         "traces": [{"timestamp": t.timestamp, "input_length": t.input_length, "output_length": t.output_length,
-                    "hash_ids": t.hash_ids} for t in parsed],
-        "turns": [{"timestamp": turn.timestamp, "max_tokens": turn.max_tokens,
-                   "ids": tok.encode(turn.texts[0].contents[0])} for c in conversations for turn in c.turns],
+                    "hash_ids": t.hash_ids, "session_id": t.session_id, "delay": t.delay} for t in parsed],
+        "turns": [{"timestamp": turn.timestamp, "max_tokens": turn.max_tokens, "session_id": c.session_id,
+                   "delay": turn.delay, "ids": tok.encode(turn.texts[0].contents[0])}
+                  for c in conversations for turn in c.turns],
     }
     print(json.dumps(out))
 

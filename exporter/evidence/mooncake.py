@@ -84,8 +84,10 @@ def _pick(records: Sequence[Mapping[str, Any]], run: str | None, engine: str | N
 
 def mooncake_lines(records: Sequence[Mapping[str, Any]], *, run: str | None = None, engine: str | None = None,
                    everything: bool = False, block_size: int | None = None,
-                   scenario: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The trace's lines and what the note says of them (counts, the block size, the run)."""
+                   scenario: str | None = None, sessions: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The trace's lines and what the note says of them (counts, the block size, the run).  With ``sessions``
+    (the default) the turns of a session after its first are written as AIPerf's multi-turn lines
+    (:func:`_later_turn`); without, every request is a line of its own at its timestamp."""
     picked = sorted(_pick(records, run, engine, scenario), key=lambda r: float(r["start_unix"]))
     sizes = {r["trace_block_size"] for r in picked if isinstance(r.get("trace_block_size"), int)}
     if len(sizes) > 1:
@@ -97,10 +99,19 @@ def mooncake_lines(records: Sequence[Mapping[str, Any]], *, run: str | None = No
     ids: dict[str, int] = {}
     counter = itertools.count()
     lines, stats = [], {"requests": 0, "skipped": 0, "unhashed_blocks": 0, "untraced": 0, "blocks": 0}
+    held: dict[str, tuple[str, Mapping[str, Any], tuple[int, int]]] = {}  # session: (trace id, last turn written)
     for r in picked:
         lengths = _lengths(r, everything) if everything or r.get("outcome") == "success" else None
         if lengths is None:
             stats["skipped"] += 1
+            continue
+        sid = r.get("session_id") if sessions and isinstance(r.get("session_id"), str) else None
+        if sid is not None and sid in held:
+            name, prev, prev_lengths = held[sid]
+            later = _later_turn(r, lengths, prev, prev_lengths, size, counter)
+            held[sid] = (name, r, lengths)
+            lines.append({"session_id": name, **later})
+            stats["blocks"] += len(later["hash_ids"])
             continue
         n = hash_id_count(lengths[0], size)
         hashes = [h for h in r.get("prefix_hashes") or [] if isinstance(h, str)][:n]
@@ -111,12 +122,30 @@ def mooncake_lines(records: Sequence[Mapping[str, Any]], *, run: str | None = No
         stats["blocks"] += n
         lines.append({"timestamp": round((float(r["start_unix"]) - first) * 1000), "input_length": lengths[0],
                       "output_length": lengths[1], "hash_ids": line})
+        if sid is not None:
+            held[sid] = (f"session-{len(held)}", r, lengths)
+            lines[-1] = {"session_id": held[sid][0], **lines[-1]}
     stats["requests"] = len(lines)
+    stats["sessions"] = len(held)
     runs = sorted({run_of(r) for r in picked})
     return lines, {**stats, "block_size": size, "distinct_ids": next(counter), "everything": everything,
                    "scenario": scenario,
                    "run": runs[0] if len(runs) == 1 else run, "engine": engine or next(iter({str(r.get("engine"))
                                                                                       for r in picked}), None)}
+
+
+def _later_turn(r: Mapping[str, Any], lengths: tuple[int, int], prev: Mapping[str, Any],
+                prev_lengths: tuple[int, int], size: int, counter: Iterator[int]) -> dict[str, Any]:
+    """A session's later turn as AIPerf's multi-turn Mooncake line: no ``timestamp`` (AIPerf's fixed schedule
+    would send it at that time, not after the previous answer), ``delay``: ms from the end of the previous
+    turn written (its start plus its E2E) to this one's start, and ``input_length``: what the turn added to
+    the history, the engine's prompt tokens less the previous turn's prompt and answer (1 at least), since
+    AIPerf sends each turn's text after the history it keeps itself, the live answers included
+    (``DELTAS_WITHOUT_RESPONSES``).  Its ``hash_ids`` are fresh: the added text shares no block."""
+    end = float(prev["start_unix"]) + float(prev.get("e2e_s") or 0.0)
+    added = max(1, lengths[0] - prev_lengths[0] - prev_lengths[1])
+    return {"delay": max(0, round((float(r["start_unix"]) - end) * 1000)), "input_length": added,
+            "output_length": lengths[1], "hash_ids": [next(counter) for _ in range(hash_id_count(added, size))]}
 
 
 def _json_lines(lines: Sequence[Mapping[str, Any]]) -> Iterator[str]:
@@ -145,6 +174,13 @@ def note_text(out: Path, facts: Mapping[str, Any], records: str) -> str:
         f"- {facts['unhashed_blocks']} blocks could not be hashed by the proxy (its tokenizer counted fewer "
         f"tokens than the engine, or the prompt was not traced: {facts['untraced']} requests) and have ids of "
         "their own, shared with nothing.",
+        *([f"- **Sessions: {facts['sessions']}** (records with `session_id`), in AIPerf's multi-turn form: every turn "
+           "carries `session_id` (renumbered `session-0`, `session-1`, ... in first-seen order); a session's first turn "
+           "has its `timestamp` and its whole prompt; each later turn has no `timestamp` but `delay` (ms from the end "
+           "of the previous turn's answer to this turn's start) and, as `input_length`, only what it added to the "
+           "history (its prompt tokens less the previous turn's prompt and answer), with fresh hash ids; AIPerf "
+           "and `load --trace` resend the history themselves, the live answers included."]
+          if facts.get("sessions") else []),
         "- Not kept: no prompt or output text, no token ids, no hash: the proxy's keyed block hashes are "
         "renumbered here in first-seen order, and nothing else of them leaves the records.",
         "- The key: the proxy hashed each block with a key drawn at random for its run, held in its memory "
@@ -168,7 +204,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     try:
         records, _ = load_many([Path(args.records)])
         lines, facts = mooncake_lines(records, run=args.run, engine=args.engine, everything=args.all,
-                                      block_size=args.block_size, scenario=args.scenario)
+                                      block_size=args.block_size, scenario=args.scenario,
+                                      sessions=not args.no_sessions)
         if not lines:
             raise TraceError(f"no {'' if args.all else 'successful '}requests to write from {args.records}")
         note = write_trace(Path(args.out), lines, facts, args.records)
@@ -203,6 +240,9 @@ def add_parser(sub: Any) -> None:
                                                       "scenario of the run but the warm-ups)")
     t.add_argument("--out", required=True, metavar="FILE", help="the trace (JSON lines); the note goes to FILE.md")
     t.add_argument("--all", action="store_true", help="every request, failures too (default: successful ones only)")
+    t.add_argument("--no-sessions", action="store_true",
+                   help="every request a line of its own at its timestamp, whole prompt (default: the turns of a "
+                        "session after its first as AIPerf's multi-turn lines: session_id, delay, what each added)")
     t.add_argument("--block-size", type=int, metavar="N",
                    help=f"tokens per block, for records without hashes (default: the records' trace_block_size, "
                         f"else {DEFAULT_BLOCK_SIZE}); must match the records' when they have one")

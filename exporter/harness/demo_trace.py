@@ -57,12 +57,14 @@ def capture_and_replay(proxy_url: str, out: Path, tokenizer: Path, scenario: str
     from exporter.proxy.prompttokens import PromptTokenizer
 
     records = out / "records"
-    lines, facts = mooncake_lines(load_many([records])[0], engine=engines[0], scenario=scenario)
+    # one line per request (--no-sessions): whole prompts at their timestamps, so that the replay, captured
+    # again, can be compared line for line with the trace
+    lines, facts = mooncake_lines(load_many([records])[0], engine=engines[0], scenario=scenario, sessions=False)
     trace = out / "trace" / f"{scenario}.jsonl"
     write_trace(trace, lines, facts, str(records))
     say(f"trace:      {trace} ({len(lines)} requests of {scenario} on {engines[0]}, {facts['distinct_ids']} block "
         f"ids; note beside it); again: evidence trace --records {records} --engine {engines[0]} "
-        f"--scenario {scenario} --out FILE")
+        f"--scenario {scenario} --no-sessions --out FILE")
     cell = cell_from_options(scenario=SCENARIO, input_tokens=None, output_tokens=None, requests=None,
                              trace=str(trace), block_size=facts["block_size"])
     plan = Plan([Stage("replay", [cell])])
@@ -92,7 +94,7 @@ def fidelity(out: Path, trace: Path, engine: str) -> str:
 
     want = [json.loads(x) for x in trace.read_text(encoding="utf-8").splitlines() if x.strip()]
     records = load_many([out / "records"])[0]
-    got, _ = mooncake_lines(records, engine=engine, scenario=SCENARIO, everything=True)
+    got, _ = mooncake_lines(records, engine=engine, scenario=SCENARIO, everything=True, sessions=False)
     failed = sum(1 for r in records if r.get("engine") == engine and r.get("scenario") == SCENARIO
                  and r.get("outcome") != "success")
     same_lengths = sorted(_lengths(want)) == sorted(_lengths(got))

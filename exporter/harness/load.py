@@ -43,7 +43,7 @@ from .preflight import check_base_url, check_proxy_scenarios
 from .progress import Progress
 from .replay import Prompts, Replays
 from .runner import run_plan
-from .sessions import Turn, run_sessions
+from .sessions import Turn, replay_sessions, run_sessions
 from .tables import write_tables
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ class Driver:
         body = json.dumps(self.body(cell, given) if turn is None else turn.body).encode()
         spec = RequestSpec.from_body(body)
         rid = uuid.uuid4().hex
-        path = "/v1/chat/completions" if cell.chat else "/v1/completions"
+        path = "/v1/chat/completions" if cell.chat or turn is not None else "/v1/completions"
         headers = {"Content-Type": "application/json", "X-Bench-Scenario": scenario,
                    "X-Bench-Round": str(round_), "X-Request-Id": rid, **(turn.headers if turn else {})}
         wall = time.time()
@@ -290,8 +290,10 @@ class Driver:
     async def _round(self, cell: Cell, scenario: str, round_: int, n: int,
                      progress: Progress) -> tuple[list[dict[str, Any]], float]:
         records: list[dict[str, Any]] = []
+        traced = [] if cell.trace is None else self.replays.lines(cell.trace)[:n]
+        sessions = any(line.session_id is not None for line in traced) and scenario != WARMUP
         prompts = None if cell.trace is None else self.replays.prompts(  # read and framed before the clock starts
-            cell.trace, cell.chat, cell.block_size, f"{scenario}/{round_}")
+            cell.trace, cell.chat or sessions, cell.block_size, f"{scenario}/{round_}")
         wall0, start = time.time(), self.clock()  # one anchor: the due times keep their spacing
         open_loop = cell.concurrency is None  # Poisson arrivals, or a trace's own
 
@@ -305,6 +307,10 @@ class Driver:
             progress.tick(rec["outcome"] == "success")
             return rec
 
+        if sessions and prompts is not None:  # a trace with sessions (AIPerf's multi-turn lines), as sessions
+            records = await replay_sessions(traced, prompts.text, round_, cell.speedup, send_turn, self.model,
+                                            self.clock, start)
+            return records, self.clock() - start
         if cell.sessions is not None and scenario != WARMUP:  # warm-ups are single chat requests
             records = await run_sessions(cell, round_, send_turn, lambda k: make_prompt(self.rng, k), self.model,
                                          self.clock)

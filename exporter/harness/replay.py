@@ -29,6 +29,7 @@ trace's sharing is kept exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from exporter.proxy.prompttokens import PromptTokenizer
 
-__all__ = ["TraceFileError", "TraceLine", "read_trace", "Prompts", "Framing", "framing", "Replays", "trace_shape"]
+__all__ = ["TraceFileError", "TraceLine", "read_trace", "sessions_of", "Prompts", "Framing", "framing", "Replays", "trace_shape"]
 
 #: blocks of words kept per round (a few MiB): the rest are drawn again when their id comes back
 _BLOCKS_KEPT = 4096
@@ -58,6 +59,9 @@ class TraceLine:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    #: AIPerf's multi-turn lines: the session, and (a later turn) the seconds after the previous turn's answer
+    session_id: str | None = None
+    delay_s: float | None = None
 
 
 def _count(doc: dict[str, Any], key: str, where: str, least: int) -> int:
@@ -67,24 +71,51 @@ def _count(doc: dict[str, Any], key: str, where: str, least: int) -> int:
     return value
 
 
-def _line(text: str, where: str) -> tuple[float, int, int, tuple[int, ...]]:
+def _ms(doc: dict[str, Any], key: str, where: str) -> float:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise TraceFileError(f"{where}: {key} (ms) must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _line(text: str, where: str, seen: set[str]) -> TraceLine:
+    """One line; ``offset_s`` is its timestamp in ms here (-1 for a session's later turn that has none)."""
     try:
         doc = json.loads(text)
     except ValueError:
         raise TraceFileError(f"{where}: not a JSON line") from None
     if not isinstance(doc, dict):
         raise TraceFileError(f"{where}: not a JSON object")
-    ts = doc.get("timestamp")
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < float("inf"):
-        raise TraceFileError(f"{where}: timestamp (ms) must be a number >= 0, got {ts!r}")
+    sid = doc.get("session_id")
+    if sid is not None and (not isinstance(sid, str) or not sid):
+        raise TraceFileError(f"{where}: session_id must be a non-empty string, got {sid!r}")
+    later = sid is not None and sid in seen
+    if sid is not None:
+        seen.add(sid)
+    ts = _ms(doc, "timestamp", where) if not later or doc.get("timestamp") is not None else -1.0
+    delay = _ms(doc, "delay", where) / 1000.0 if later and doc.get("delay") is not None else None
+    if later and ts < 0 and delay is None:
+        delay = 0.0  # AIPerf's default: a later turn with neither goes out as soon as the previous answer is in
     ids = doc.get("hash_ids", [])
     if not isinstance(ids, list) or any(type(h) is not int for h in ids):
         raise TraceFileError(f"{where}: hash_ids must be a list of whole numbers")
-    return float(ts), _count(doc, "input_length", where, 1), _count(doc, "output_length", where, 1), tuple(ids)
+    return TraceLine(ts, _count(doc, "input_length", where, 1), _count(doc, "output_length", where, 1), tuple(ids),
+                     sid, delay)
+
+
+def sessions_of(lines: Sequence[TraceLine]) -> list[list[TraceLine]]:
+    """The trace's sessions in the order their first turns are due, each its turns in order; a line without
+    ``session_id`` is a session of one turn."""
+    out: dict[str | int, list[TraceLine]] = {}
+    for i, line in enumerate(lines):
+        out.setdefault(line.session_id if line.session_id is not None else i, []).append(line)
+    return list(out.values())
 
 
 def read_trace(path: str | Path) -> list[TraceLine]:
-    """The trace's lines in timestamp order (ties in file order), offsets from the first."""
+    """The trace's lines in timestamp order (ties in file order), offsets from the first.  A session's later
+    turns (AIPerf's multi-turn lines: ``session_id``, ``delay`` and no ``timestamp``) follow its first turn
+    in file order, at its offset (their ``delay_s`` says when they go)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -92,12 +123,18 @@ def read_trace(path: str | Path) -> list[TraceLine]:
         raise TraceFileError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceFileError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-    parsed = [_line(t, f"{path}:{n}") for n, t in enumerate(text.splitlines(), 1) if t.strip()]
+    seen: set[str] = set()
+    parsed = [_line(t, f"{path}:{n}", seen) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
     if not parsed:
         raise TraceFileError(f"{path}: no trace lines")
-    parsed.sort(key=lambda p: p[0])
-    first = parsed[0][0]
-    return [TraceLine((ts - first) / 1000.0, n_in, n_out, ids) for ts, n_in, n_out, ids in parsed]
+    starts: dict[str, float] = {}
+    for line in parsed:  # a later turn without a timestamp sorts with its session's first
+        if line.session_id is not None:
+            starts.setdefault(line.session_id, line.offset_s)
+    keyed = [(line.offset_s if line.offset_s >= 0 else starts[str(line.session_id)], line) for line in parsed]
+    keyed.sort(key=lambda p: p[0])
+    first = keyed[0][0]
+    return [dataclasses.replace(line, offset_s=(ts - first) / 1000.0) for ts, line in keyed]
 
 
 def trace_shape(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from exporter.core.jsondepth import loads
 from exporter.core.sse import SSEParser
 
 from .plan import Cell
+from .replay import TraceLine, sessions_of
 
-__all__ = ["Answer", "Turn", "run_sessions", "TOOL"]
+__all__ = ["Answer", "Turn", "run_sessions", "replay_sessions", "chat_body", "TOOL"]
 
 Record = dict[str, Any]
 
@@ -113,6 +114,12 @@ class Turn:
         return {"session_id": self.session_id, "turn": self.turn, "tool_calls": self.answer.tool_calls}
 
 
+def chat_body(model: str | None, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """A streamed chat request of ``load``: ``max_tokens`` with ``ignore_eos``, usage in the stream."""
+    return {"model": model, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+
+
 class _Session:
     """One conversation: its id and its history."""
 
@@ -125,9 +132,7 @@ class _Session:
     def turn(self, n: int, user_text: str) -> Turn:
         cell = self.cell
         messages = [*self.history, {"role": "user", "content": user_text}]
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": cell.output_tokens,
-                                "ignore_eos": True, "temperature": 0, "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body = chat_body(self.model, messages, cell.output_tokens)
         if cell.tools:
             body.update(tools=[TOOL], tool_choice="auto")
         return Turn(self.id, n, body)  # a list of its own; the messages in it are never changed
@@ -161,4 +166,35 @@ async def run_sessions(cell: Cell, round_: int, send: Send, words: Callable[[int
             conv.answered(turn, record, lambda: words(cell.output_tokens))
 
     await asyncio.gather(*(session(i) for i in range(cell.sessions)))
+    return records
+
+
+async def replay_sessions(lines: Sequence[TraceLine], text: Callable[[TraceLine, int], str], round_: int,
+                          speedup: float, send: Send, model: str | None, clock: Callable[[], float],
+                          start: float) -> list[Record]:
+    """A trace's sessions (AIPerf's multi-turn Mooncake lines, :func:`.replay.sessions_of`) replayed at once:
+    a session's first turn at its timestamp over ``speedup``; each later turn ``delay_s / speedup`` after
+    the previous turn's answer (or at its own timestamp, once that answer is in), in chat, with
+    ``X-Session-ID``.  Each turn adds a user message of ``text(line, index)`` (its ``input_length``: what
+    the turn added) to the history, which keeps the answers as the engine gave them, as a session cell's
+    does; a failed turn leaves the history as it was.  A line without ``session_id`` is a session of one."""
+    records: list[Record] = []
+    tag = uuid.uuid4().hex[:8]
+    index = {id(line): i for i, line in enumerate(lines)}
+
+    async def session(k: int, turns: list[TraceLine]) -> None:
+        history: list[dict[str, Any]] = []
+        for n, line in enumerate(turns, 1):
+            due = start + line.offset_s / speedup
+            if n > 1:
+                due = clock() + line.delay_s / speedup if line.delay_s is not None else max(due, clock())
+            await asyncio.sleep(max(0.0, due - clock()))
+            user = {"role": "user", "content": text(line, index[id(line)])}
+            turn = Turn(f"r{round_}-{k}-{tag}", n, chat_body(model, [*history, user], line.output_length))
+            record = await send(turn, due)
+            records.append(record)
+            if record.get("outcome") == "success":
+                history += [user, *turn.answer.messages(lambda: "")]
+
+    await asyncio.gather(*(session(k, turns) for k, turns in enumerate(sessions_of(lines))))
     return records

@@ -70,6 +70,43 @@ def _online_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
 
 
+def _plain_tokenizer(tmp_path: Path, tokenizer: Path) -> Path:
+    """AIPerf's transformers wants its special tokens as strings: the same tokenizer.json, a plain config."""
+    plain = tmp_path / "tok-aiperf"
+    plain.mkdir()
+    (plain / "tokenizer.json").write_bytes((tokenizer / "tokenizer.json").read_bytes())
+    (plain / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    return plain
+
+
+def test_aiperf_reads_our_multi_turn_trace(tmp_path: Path) -> None:
+    """Session records (as the proxy writes them with trace: on) through ``evidence trace``: AIPerf's loader
+    groups the lines into one conversation per session, turns in order, with our ``delay`` and lengths."""
+    python = aiperf_python()
+    plain = _plain_tokenizer(tmp_path, build_tokenizer(tmp_path / "tok"))
+    recs = []
+    for t, sid, n_in, n_out in ((0.0, "a", 20, 4), (0.1, "b", 18, 3), (1.0, "a", 40, 5), (1.5, "b", 30, 2),
+                                (2.2, "a", 52, 3)):
+        recs.append({"id": f"r{t}", "run_id": "run1", "engine": "vllm", "scenario": "chat", "start_unix": 100 + t,
+                     "e2e_s": 0.25, "outcome": "success", "prompt_tokens": n_in, "completion_tokens": n_out,
+                     "prefix_hashes": None, "trace_block_size": BLOCK, "session_id": sid})
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    trace = tmp_path / "agents.jsonl"
+    done = subprocess.run([sys.executable, "-m", "exporter.evidence", "trace", "--records", str(tmp_path / "rec"),
+                           "--out", str(trace)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    read = subprocess.run([str(python), str(ROOT / "tests" / "aiperf_read_trace.py"), str(trace), str(plain),
+                           str(BLOCK)], capture_output=True, text=True, timeout=300, env=_online_env())
+    assert read.returncode == 0, read.stderr[-3000:]
+    got = json.loads(read.stdout.strip().splitlines()[-1])
+    assert got["loader"] == "MooncakeTraceDatasetLoader"
+    turns = [(t["session_id"], t["timestamp"], t["delay"], t["max_tokens"], len(t["ids"])) for t in got["turns"]]
+    assert turns == [("session-0", 0, None, 4, 20), ("session-0", None, 750, 5, 16), ("session-0", None, 950, 3, 7),
+                     ("session-1", 100, None, 3, 18), ("session-1", None, 1150, 2, 9)]
+
+
 def test_aiperf_reads_the_trace_evidence_writes(tmp_path: Path) -> None:
     python = aiperf_python()
     tokenizer = build_tokenizer(tmp_path / "tok")
@@ -82,19 +119,14 @@ def test_aiperf_reads_the_trace_evidence_writes(tmp_path: Path) -> None:
     assert len(ours) == 7 and ours[5]["hash_ids"] == ours[0]["hash_ids"]
     assert ours[1]["hash_ids"][:2] == ours[0]["hash_ids"][:2] and not set(ours[4]["hash_ids"]) & set(ours[0]["hash_ids"])
 
-    # AIPerf's transformers wants its special tokens as strings: the same tokenizer.json, a plain config
-    plain = tmp_path / "tok-aiperf"
-    plain.mkdir()
-    (plain / "tokenizer.json").write_bytes((tokenizer / "tokenizer.json").read_bytes())
-    (plain / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    plain = _plain_tokenizer(tmp_path, tokenizer)
     read = subprocess.run([str(python), str(ROOT / "tests" / "aiperf_read_trace.py"), str(trace), str(plain),
                            str(BLOCK)], capture_output=True, text=True, timeout=300,
                           env=_online_env())
     assert read.returncode == 0, read.stderr[-3000:]
     got = json.loads(read.stdout.strip().splitlines()[-1])
     assert got["loader"] == "MooncakeTraceDatasetLoader" and got["block_size"] == BLOCK
-    assert got["traces"] == ours  # every line, as written: timestamps, lengths, hash ids
+    assert [{k: t[k] for k in ours[0]} for t in got["traces"]] == ours  # every line: timestamps, lengths, hash ids
     turns = got["turns"]
     assert [(t["timestamp"], t["max_tokens"]) for t in turns] == [(x["timestamp"], x["output_length"]) for x in ours]
     assert [len(t["ids"]) for t in turns] == [x["input_length"] for x in ours]  # AIPerf's prompts: our lengths
