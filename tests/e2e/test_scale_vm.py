@@ -165,9 +165,11 @@ def run_site(tmp: Path) -> Iterator[Site]:
         site.start = math.floor(time.time())
         asyncio.run(_load(site))
         loaded = time.time()
-        for i in (1, 2):  # the last counts scraped, and the rules evaluated after them
-            scrapes_since(site.prom, site.proxy(i)[7:], loaded, rules=True)
-        site.end = math.floor(time.time()) - 1
+        # the last counts scraped (and the rules evaluated after them): the window ends on the later
+        # of those scrapes, not before it (a scrape's samples carry its start)
+        last = max(scrapes_since(site.prom, site.proxy(i)[7:], loaded, rules=True) for i in (1, 2))
+        site.end = math.ceil(last)
+        time.sleep(max(0.0, site.end - time.time()))  # the window's end is not in the future
         _wait_until_vm_caught_up(site)
         yield site
     finally:
