@@ -140,12 +140,11 @@ def _ended(r: dict[str, Any]) -> float:
     return float(r["start_unix"]) + float(r.get("e2e_s") or 0.0)
 
 
-def _clear(scrape: float, took: float, ends: list[tuple[float, float]]) -> bool:
+def _clear(scrape: float, took: float, ends: list[float]) -> bool:
     """No request ended near the scrape, nor while it was taken: one that ends between a scrape's
-    timestamp and the moment the proxy reads its counters falls on either side of it.  A request
-    ends at its last read's kernel stamp and is counted when the proxy's loop has finished it, at
-    most its ``timing_uncertainty_s`` (the loop's lateness while it was in flight) later."""
-    return all(not scrape - MARGIN_S - late < e <= scrape + took + MARGIN_S for e, late in ends)
+    timestamp and the moment the proxy reads its counters falls on either side of it (a request
+    ends at its last read's kernel stamp and is counted a moment later, when the loop finished it)."""
+    return all(not scrape - MARGIN_S < e <= scrape + took + MARGIN_S for e in ends)
 
 
 def _window(scrapes: dict[float, float], records: list[dict[str, Any]], first: tuple[float, float],
@@ -155,15 +154,14 @@ def _window(scrapes: dict[float, float], records: list[dict[str, Any]], first: t
     requests by engine and outcome: the count a scrape interval early (the old one) cannot agree by
     chance."""
     ends = [_ended(r) for r in records]
-    counted = [(e, float(r.get("timing_uncertainty_s") or 0.0)) for r, e in zip(records, ends)]
 
     def before(s: float) -> Counter[tuple[str, str]]:
         return Counter((r["engine"], r["outcome"]) for r, e in zip(records, ends) if s - SCRAPE_S < e <= s)
 
     starts = [s for s, took in scrapes.items()
-              if first[0] + SCRAPE_S < s < first[1] and _clear(s, took, counted) and before(s)]
+              if first[0] + SCRAPE_S < s < first[1] and _clear(s, took, ends) and before(s)]
     finishes = [s for s, took in scrapes.items()
-                if last[0] + SCRAPE_S < s < last[1] and _clear(s, took, counted) and before(s)]
+                if last[0] + SCRAPE_S < s < last[1] and _clear(s, took, ends) and before(s)]
     pairs = [(a, b) for a in starts for b in finishes if before(a) != before(b)]
     assert pairs, f"no pair of scrapes to end the window on: starts {starts}, ends {finishes}"
     # the widest pair that holds a failure (the failures are random: a narrow window may miss them)
