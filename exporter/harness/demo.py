@@ -124,8 +124,14 @@ def _compare(out: Path) -> Path | None:
 def _empty_200s(out: Path) -> list[str]:
     """What the simulated vLLM generated in its empty-text 200s, from their captures (the proxy
     asked it for its token ids), named by the simulated vocabulary: the seed's diagnosis."""
+    from exporter.evidence.merge import MergeError, load_records
+
     records = out / "records"
-    empty = [r for r in _read_jsonl(records / "requests.jsonl") if r.get("reason") == "empty_text" and r.get("capture")]
+    try:
+        loaded = load_records(records)
+    except MergeError:  # no records: nothing to diagnose
+        return []
+    empty = [r for r in loaded if r.get("reason") == "empty_text" and r.get("capture")]
     if not empty:
         return []
     lines = [f"empty 200s: {len(empty)} (HTTP 200, [DONE], usage, no visible text); what the engine generated:"]
@@ -146,12 +152,6 @@ def _empty_200s(out: Path) -> list[str]:
     capture = records / empty[0]["capture"]
     lines.append(f"  again: evidence decode {capture} --tokenizer {out / 'sim-tokenizer'}")
     return lines
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _start(stack: LocalStack, args: argparse.Namespace, plan: Plan, tokenizer: Path | None) -> str | None:

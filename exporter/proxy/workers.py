@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import gc
 import glob
 import logging
@@ -85,7 +84,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def _die_with_parent(parent: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc's, no ldconfig run
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the supervisor died before the line above
         os._exit(1)
