@@ -78,13 +78,23 @@ def load_run(path: Path, label: str, engine: str | None, *, run: str | None = No
     return Run(label, path, tuple(sorted({e for e, _ in medians})), medians, run_id, summary["slo_source"]["text"])
 
 
+def _cells(a: Run, b: Run) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Each run's medians by cell: the scenario when both runs hold one engine, else engine/scenario."""
+    if len(a.engines) == 1 and len(b.engines) == 1:
+        return {s: m for (_, s), m in a.medians.items()}, {s: m for (_, s), m in b.medians.items()}
+    return ({f"{e}/{s}": m for (e, s), m in a.medians.items()}, {f"{e}/{s}": m for (e, s), m in b.medians.items()})
+
+
 def _pairs(a: Run, b: Run) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(scenario or engine/scenario, median A, median B) for every cell both runs have, in A's plan order."""
-    if len(a.engines) == 1 and len(b.engines) == 1:
-        ma = {s: m for (_, s), m in a.medians.items()}
-        mb = {s: m for (_, s), m in b.medians.items()}
-        return [(s, ma[s], mb[s]) for s in ma if s in mb]
-    return [(f"{e}/{s}", a.medians[(e, s)], b.medians[(e, s)]) for (e, s) in a.medians if (e, s) in b.medians]
+    ma, mb = _cells(a, b)
+    return [(cell, ma[cell], mb[cell]) for cell in ma if cell in mb]
+
+
+def unpaired(a: Run, b: Run) -> dict[str, list[str]]:
+    """The cells only one run has (not compared), by side: ``{"a": [...], "b": [...]}``."""
+    ma, mb = _cells(a, b)
+    return {"a": [c for c in ma if c not in mb], "b": [c for c in mb if c not in ma]}
 
 
 def compare_runs(a: Run, b: Run) -> list[dict[str, Any]]:
@@ -140,6 +150,10 @@ def _markdown(rows: list[dict[str, Any]], a: Run, b: Run, pngs: list[Path]) -> s
         lines += md_table([r for r in rows if r["scenario"] == cell],
                           ["metric", "A", "B", "delta_pct", "verdict", "why"], fmt)
         lines.append("")
+    alone = unpaired(a, b)
+    for side, run in (("a", a), ("b", b)):
+        if alone[side]:
+            lines += [f"Not compared, only in {side.upper()} ({run.label}): {', '.join(alone[side])}.", ""]
     lines += ["Charts: " + ", ".join(f"`{p.name}`" for p in pngs), ""]
     return "\n".join(lines)
 
@@ -166,4 +180,4 @@ def compare_dirs(a: Path, b: Path, out: Path, label_a: str = "A", label_b: str =
     _csv(csv_path, rows, side_a, side_b)
     md_path.write_text(_markdown(rows, side_a, side_b, pngs), encoding="utf-8")
     clean = [{k: v for k, v in r.items() if k not in ("cell_a", "cell_b")} for r in rows]
-    return {"rows": clean, "files": [md_path, csv_path, *pngs]}
+    return {"rows": clean, "files": [md_path, csv_path, *pngs], "unpaired": unpaired(side_a, side_b)}

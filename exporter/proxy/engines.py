@@ -16,8 +16,10 @@ all its workers) asks the engine, through the proxy's own upstream client
   ``process_start_time_seconds`` (its ``/metrics``) when that process started after the proxy
   last saw it up, else from the first probe that found it down.
 
-Every argument whose name contains ``key``, ``token``, ``secret`` or ``password`` is replaced by
-``"<redacted>"`` (:func:`redact`) before it is kept, so no output can carry it.  Each change
+Every argument whose name has a word ``key``, ``token``, ``secret`` or ``password`` (``api_key``,
+``hf_token``, ``--api-key``, ``apiKey``, ``authToken``) is replaced by ``"<redacted>"``
+(:func:`redact`) before it is kept, so no output can carry it; counts and paths such as
+``max_total_tokens`` or ``tokenizer_path`` are kept: a report needs them.  Each change
 (an identity, a down, an up) is one line of ``engines.jsonl`` beside ``scenarios.jsonl``, with
 the run's id.  ``GET /-/engines`` answers :meth:`EngineWatch.snapshot`; the metrics are
 :class:`exporter.proxy.metrics.EngineCollector`'s.
@@ -56,7 +58,11 @@ IDENTITY_TIMEOUT_S = 10.0
 PROBE_USER_AGENT = f"llm-bench-exporter/{__version__} engine-probe"
 _HEADERS = ((b"User-Agent", PROBE_USER_AGENT.encode()), (b"Accept", b"application/json"))
 REDACTED = "<redacted>"
-_SECRET = re.compile(r"key|token|secret|password", re.IGNORECASE)
+#: a name's words: split at anything but letters and digits, and before a capital (``apiKey``)
+_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_SECRET_WORDS = frozenset({"key", "keys", "secret", "secrets", "password", "passwd", "passphrase", "credential",
+                           "credentials"})
+_SECRET_ENDINGS = ("token", "apikey", "secret", "password")
 _START = re.compile(rb"^process_start_time_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 #: the file beside ``scenarios.jsonl``
 LOG_NAME = "engines.jsonl"
@@ -64,12 +70,20 @@ LOG_NAME = "engines.jsonl"
 IDENTITY_KEYS = ("kind", "version", "model", "root", "max_model_len", "server_args", "model_info")
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether an argument's name says it holds a secret: a word of it (any case) is key, secret,
+    password or credentials, or ends in token, apikey, secret or password (``hf_token``,
+    ``authToken``); ``max_total_tokens`` and ``tokenizer_path`` are not."""
+    words = (w.lower() for w in _WORD.findall(name))
+    return any(w in _SECRET_WORDS or w.endswith(_SECRET_ENDINGS) for w in words)
+
+
 def redact(value: Any) -> Any:
-    """``value`` with every argument whose name contains key, token, secret or password (any
-    case) replaced by ``"<redacted>"``, at any depth; in a list of command-line words
+    """``value`` with every argument whose name says it is a secret (:func:`is_secret_name`)
+    replaced by ``"<redacted>"``, at any depth; in a list of command-line words
     (``["--api-key", "x"]`` or ``"--api-key=x"``) the value that follows such a flag too."""
     if isinstance(value, dict):
-        return {k: REDACTED if _SECRET.search(str(k)) else redact(v) for k, v in value.items()}
+        return {k: REDACTED if is_secret_name(str(k)) else redact(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         out: list[Any] = []
         hide_next = False
@@ -77,7 +91,7 @@ def redact(value: Any) -> Any:
             if hide_next:
                 out.append(REDACTED)
                 hide_next = False
-            elif isinstance(item, str) and item.startswith("-") and _SECRET.search(item.split("=", 1)[0]):
+            elif isinstance(item, str) and item.startswith("-") and is_secret_name(item.split("=", 1)[0]):
                 hide_next = "=" not in item
                 out.append(item.split("=", 1)[0] + "=" + REDACTED if "=" in item else item)
             else:

@@ -113,8 +113,24 @@ def _worker_main(config: Config, sock: socket.socket, index: int, count: int, ru
 
     app = worker_app(config, index, count, run_dir, run_id)
     app.on_startup.append(_freeze_startup_objects)
+    loop = _event_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _stop_once, loop)
     web.run_app(app, sock=sock, access_log=None, handler_cancellation=True, print=None,
-                shutdown_timeout=1.0, loop=_event_loop())
+                shutdown_timeout=1.0, loop=loop, handle_signals=False)
+
+
+def _stop_once(loop: asyncio.AbstractEventLoop) -> None:
+    """The first SIGTERM or SIGINT starts the graceful shutdown; any later one is ignored, so a
+    second signal (a service manager that signals every process of the group, a Ctrl-C beside the
+    supervisor's SIGTERM) cannot break the shutdown that writes the last records.  The supervisor
+    SIGKILLs a worker that outlives its stop timeout."""
+    from aiohttp.web import GracefulExit
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
+    raise GracefulExit()
 
 
 def worker_app(config: Config, index: int, count: int, run_dir: Path, run_id: str) -> Any:

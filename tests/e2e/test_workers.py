@@ -120,3 +120,43 @@ def test_a_dead_worker_stops_the_proxy_at_once(tmp_path: Path) -> None:
     log = proxy.log_path.read_text()
     assert f"(pid {workers[1]}) exited (killed by SIGKILL): stopping the proxy" in log, log
     assert "Traceback" not in log, log
+
+
+def test_a_signal_to_every_process_stops_cleanly(tmp_path: Path) -> None:
+    """SIGTERM to the workers and the supervisor at once, as a service manager that signals the
+    whole control group does (or `pkill -f`): the workers take the first signal and ignore the
+    supervisor's second, so serve exits 0, prints no traceback, and records the request that was
+    in flight."""
+    ports = {name: free_port() for name in ("sim", "proxy")}  # sim and serve refuse port 0 and name no bound port
+    url = f"http://127.0.0.1:{ports['proxy']}"
+    cfg = tmp_path / "proxy.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "listen": f"127.0.0.1:{ports['proxy']}", "records_dir": str(tmp_path / "run"), "scenarios": ["s1"],
+        "engines": [{"name": "vllm", "upstream": f"http://127.0.0.1:{ports['sim']}", "usage": "inject"}]}))
+    sim = Child("sim", exporter_argv("sim", "--profile", "vllm", "--listen", f"127.0.0.1:{ports['sim']}",
+                                     "--speed", "0.05"), tmp_path)
+    proxy = Child("proxy", exporter_argv("serve", "--config", str(cfg), "--workers", "2"), tmp_path)
+
+    async def in_flight_then_signals() -> None:
+        req = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/vllm/v1/completions", json=req) as r:
+                assert r.status == 200
+                await r.content.readline()  # the stream has begun: the request is in flight
+                for pid in [*_children_of(proxy.proc.pid), proxy.proc.pid]:
+                    os.kill(pid, signal.SIGTERM)
+                with pytest.raises(aiohttp.ClientError):
+                    await r.read()  # cut by the shutdown
+
+    try:
+        wait_http(f"http://127.0.0.1:{ports['sim']}/health", 30, sim)
+        wait_http(f"{url}/-/ready", 30, proxy)
+        asyncio.run(in_flight_then_signals())
+        assert proxy.proc.wait(30) == 0
+    finally:
+        proxy.stop()
+        sim.stop()
+    log = proxy.log_path.read_text()
+    assert "Traceback" not in log and "failed" not in log, log
+    records = [json.loads(x) for x in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["outcome"] != "success", records

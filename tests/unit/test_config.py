@@ -16,6 +16,9 @@ def test_example_config_is_valid() -> None:
     assert [e.name for e in cfg.engines] == ["sglang", "vllm"]
     assert cfg.gpu == "off"  # a bare YAML `off` reads as false
     assert cfg.timeouts.first_byte_s >= 600  # long prefills are legitimate
+    # the quick start drives SGLang with its own bench client, which asks for no usage: without
+    # inject every one of its requests would be a missing_usage failure
+    assert {e.name: e.usage for e in cfg.engines} == {"sglang": "inject", "vllm": "require"}
 
 
 def test_defaults() -> None:

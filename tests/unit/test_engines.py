@@ -30,14 +30,21 @@ SECRET = "sk-live-SECRET-42"
 
 def test_redact_every_named_secret_at_any_depth() -> None:
     args = {"api_key": SECRET, "Admin_API_KEY": SECRET, "hf_token": SECRET, "tokenizer_path": "/m",
+            "apiKey": SECRET, "authToken": SECRET, "HFTOKEN": SECRET, "ssl_keyfile_password": SECRET,
+            "max_total_tokens": 4096, "max_prefill_tokens": 16384, "skip_tokenizer_init": False,
             "nested": {"db_password": SECRET, "list": [{"client_secret": SECRET}, "plain"], "tp_size": 2},
-            "argv": ["--model", "m", "--api-key", SECRET, "--hf-token=" + SECRET, "--port", "8000"]}
+            "argv": ["--model", "m", "--api-key", SECRET, "--hf-token=" + SECRET, "--port", "8000",
+                     "--max-total-tokens", "4096"]}
     out = redact(args)
     assert SECRET not in json.dumps(out)
     assert out["api_key"] == out["Admin_API_KEY"] == out["hf_token"] == REDACTED
-    assert out["tokenizer_path"] == REDACTED  # the name contains "token": redacted, as the rule says
+    assert out["apiKey"] == out["authToken"] == out["HFTOKEN"] == out["ssl_keyfile_password"] == REDACTED
+    # counts and paths a report needs are not secrets, though their names hold "token"
+    assert (out["tokenizer_path"], out["max_total_tokens"], out["max_prefill_tokens"]) == ("/m", 4096, 16384)
+    assert out["skip_tokenizer_init"] is False
     assert out["nested"]["tp_size"] == 2 and out["nested"]["list"][1] == "plain"
-    assert out["argv"] == ["--model", "m", "--api-key", REDACTED, "--hf-token=" + REDACTED, "--port", "8000"]
+    assert out["argv"] == ["--model", "m", "--api-key", REDACTED, "--hf-token=" + REDACTED, "--port", "8000",
+                           "--max-total-tokens", "4096"]
 
 
 def test_identity_of_each_kind() -> None:

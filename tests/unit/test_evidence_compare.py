@@ -84,3 +84,16 @@ def test_compare_two_engines_of_one_run_and_refusals(tmp_path: Path, capsys: pyt
     capsys.readouterr()
     assert evidence_main(["compare", str(both), str(both), "--out", str(tmp_path / "p"), "--engine-a", "tgi"]) == 2
     assert "engine 'tgi' is not in" in capsys.readouterr().err
+
+
+def test_a_scenario_only_one_run_holds_is_named_not_dropped(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", "sglang", 100.0, 1.0, (100.0, 120.0, 140.0))
+    extra = _round("sglang", "long-only-a", 1, 50.0, 2.0)
+    with open(a / "requests.jsonl", "a") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in extra))
+    b = _run(tmp_path / "b", "vllm", 200.0, 0.5, (110.0, 125.0, 135.0))
+    result = compare_dirs(a, b, tmp_path / "out", "sglang", "vllm")
+    assert result["unpaired"] == {"a": ["long-only-a"], "b": []}
+    assert {r["scenario"] for r in result["rows"]} == {"win", "noise"}
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "Not compared, only in A (sglang): long-only-a." in md and "only in B" not in md
