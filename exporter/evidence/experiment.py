@@ -26,7 +26,9 @@ the steady window and a load verdict, first that applies:
 
 A closed loop's arrival rate follows the engine's speed, so two closed loops are the same load
 when their C is the same; open loops when their verdicts match and their offered rates are within
-10% (:func:`same_load`).  The one-line form (:func:`load_line`) shows no offered rate for a
+10% (:func:`same_load`).  Either way the requests must be alike too: their mean prompt and output
+lengths, as the engine counted them (usage), within 10% (two bench clients' defaults differ:
+SGLang's random dataset draws lengths up to the asked one unless ``--random-range-ratio 1``).  The one-line form (:func:`load_line`) shows no offered rate for a
 closed loop or for too few arrivals: there it measures the engine, or nothing.
 """
 
@@ -53,7 +55,7 @@ from .arrivals import (
     time_at,
 )
 
-__all__ = ["Expect", "parse_expect", "round_load", "load_line", "load_lines", "same_load", "steady_records", "cell_load",
+__all__ = ["Expect", "parse_expect", "round_load", "load_line", "load_lines", "same_load", "same_workload", "steady_records", "cell_load",
            "steady_window", "window_share", "seconds_text", "round_name",
            "CLOSED_SHARE", "MIN_ARRIVALS", "PER_SLOT", "TOO_FEW", "TURN_SHARE", "TURNAROUND", "LAG_SHARE"]
 
@@ -183,6 +185,9 @@ def round_load(records: Sequence[Record], expect: Expect | None = None) -> dict[
     slack = 2 * (median(uncertainty) or 0.0)  # an arrival's stamp and its slot's end, each as late as that
     verdict, window, fit = _verdict(arrivals, steps, spans, slack) if spans else (TOO_FEW, None, {
         "verdict_note": _too_few(0, 0)})
+    prompt = [int(r["prompt_tokens"]) for r in records if isinstance(r.get("prompt_tokens"), int)]
+    output = [int(r["completion_tokens"]) for r in records
+              if r.get("outcome") == "success" and isinstance(r.get("completion_tokens"), int)]
     bound = [bool(r["client_bound"]) for r in records if r.get("client_bound") is not None]
     pressure = [float(r["client_backpressure_s"]) for r in records if r.get("client_backpressure_s") is not None]
     out: dict[str, Any] = {
@@ -194,6 +199,8 @@ def round_load(records: Sequence[Record], expect: Expect | None = None) -> dict[
         "client_bound_share": sum(bound) / len(bound) if bound else None,
         "client_backpressure_p95_s": percentile(pressure, 95),
         "client_backpressure_max_s": max(pressure) if pressure else None,
+        "prompt_tokens_mean": sum(prompt) / len(prompt) if prompt else None,
+        "output_tokens_mean": sum(output) / len(output) if output else None,
         "load_verdict": verdict, "duration_s": duration,
         "steady_start_unix": window[0] if window else None, "steady_end_unix": window[1] if window else None,
         "steady_s": (window[1] - window[0]) if window else None, **fit,
@@ -225,15 +232,36 @@ def cell_load(loads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     verdicts = [str(x.get("load_verdict")) for x in loads]
     counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
     verdict = verdicts[0] if len(counts) == 1 else "mixed (" + ", ".join(f"{v} ×{n}" for v, n in counts.items()) + ")"
-    rates = [float(x["offered_rate_rps"]) for x in loads if x.get("offered_rate_rps") is not None]
-    return {"load_verdict": verdict if verdicts else None, "offered_rate_rps": median(rates)}
+    def med(key: str) -> float | None:
+        return median([float(x[key]) for x in loads if x.get(key) is not None])
+
+    return {"load_verdict": verdict if verdicts else None, "offered_rate_rps": med("offered_rate_rps"),
+            **{key: med(key) for key in WORKLOAD}}
+
+
+#: a request's shape, as the engine counted it: (key, words in a "why")
+WORKLOAD = {"prompt_tokens_mean": "prompt", "output_tokens_mean": "output"}
+
+
+def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """None when two rounds' (or cells') requests are alike (mean prompt and output tokens within
+    10%, or unknown on a side), else why they differ."""
+    for key, words in WORKLOAD.items():
+        xa, xb = a.get(key), b.get(key)
+        if xa and xb and abs(xb - xa) > TOLERANCE * max(xa, xb):
+            return f"workloads differ: {words} {xa:.0f} against {xb:.0f} tokens per request, more than 10% apart"
+    return None
 
 
 def same_load(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
-    """None when two loads (verdict, offered_rate_rps) are the same, else why they differ."""
+    """None when two loads (verdict, offered_rate_rps, the requests' mean lengths) are the same,
+    else why they differ."""
     va, vb = a.get("load_verdict"), b.get("load_verdict")
     if va != vb:
         return f"loads differ: {va} against {vb}"
+    workload = same_workload(a, b)
+    if workload:
+        return workload
     if str(va).startswith("closed-loop") or va == TOO_FEW:
         return None
     ra, rb = a.get("offered_rate_rps"), b.get("offered_rate_rps")
@@ -305,7 +333,7 @@ def _rate_text(load: Mapping[str, Any]) -> str:
 
 
 def load_line(load: Mapping[str, Any]) -> str:
-    """One line, e.g. ``200 arrivals, offered 0.48 req/s poisson (CV 1.02, fit not rejected), in
+    """One line, e.g. ``200 arrivals (prompt/output 1024/128 tok), offered 0.48 req/s poisson (CV 1.02, fit not rejected), in
     flight <= 32 (mean 30.1), client back-pressure P95 0 ms (0% client-bound), steady 182 of 200 s``."""
     spread = load.get("interarrival_cv")
     verdict = str(load["load_verdict"])
@@ -317,7 +345,8 @@ def load_line(load: Mapping[str, Any]) -> str:
         detail += f", {fit}"
     mean, share = load.get("inflight_mean"), load.get("client_bound_share")
     steady, whole = load.get("steady_s"), load.get("duration_s") or 0.0
-    text = (f"{load['arrivals']} arrivals, {_rate_text(load)}"
+    shape = "/".join("-" if load.get(k) is None else f"{load[k]:.0f}" for k in WORKLOAD)
+    text = (f"{load['arrivals']} arrivals (prompt/output {shape} tok), {_rate_text(load)}"
             f"{verdict} ({detail}), in flight <= {load['inflight_peak']}"
             f" (mean {'-' if mean is None else f'{mean:.1f}'}), client back-pressure P95 "
             f"{_ms(load.get('client_backpressure_p95_s'))}"

@@ -97,3 +97,23 @@ def test_a_scenario_only_one_run_holds_is_named_not_dropped(tmp_path: Path) -> N
     assert {r["scenario"] for r in result["rows"]} == {"win", "noise"}
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "Not compared, only in A (sglang): long-only-a." in md and "only in B" not in md
+
+
+def test_requests_of_another_length_are_not_judged(tmp_path: Path) -> None:
+    """Two bench clients' defaults differ (SGLang's random dataset draws lengths up to the asked
+    one): a faster engine on shorter prompts says nothing, so the verdict names the workloads."""
+    def with_prompts(path: Path, tokens: int) -> Path:
+        recs = [json.loads(line) for line in (path / "requests.jsonl").read_text().splitlines()]
+        (path / "requests.jsonl").write_text("".join(json.dumps({**r, "prompt_tokens": tokens}) + "\n" for r in recs))
+        return path
+
+    a = with_prompts(_run(tmp_path / "a", "sglang", 100.0, 1.0, (100.0, 120.0, 140.0)), 484)
+    b = with_prompts(_run(tmp_path / "b", "vllm", 200.0, 0.5, (110.0, 125.0, 135.0)), 1024)
+    rows = _rows(compare_dirs(a, b, tmp_path / "out", "sglang", "vllm"))
+    win = rows[("win", "output_throughput_tok_s")]
+    assert win["verdict"] == "not judged: loads differ"
+    assert win["why"] == "workloads differ: prompt 484 against 1024 tokens per request, more than 10% apart"
+    # within 10%: judged as before
+    with_prompts(a, 1000)
+    assert _rows(compare_dirs(a, b, tmp_path / "out2", "sglang", "vllm"))[("win", "output_throughput_tok_s")][
+        "verdict"] == "better"
