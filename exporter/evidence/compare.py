@@ -44,6 +44,10 @@ class Run:
     medians: dict[tuple[str, str], dict[str, Any]]  # (engine, scenario) -> median of rounds
     run_id: str = ""
     slo_text: str = ""
+    #: the engines' identities of its run (engines.jsonl beside the records), one line each
+    builds: tuple[str, ...] = ()
+    #: summarize's warnings for this side (a round announced twice, a version changed in the run)
+    warnings: tuple[str, ...] = ()
 
 
 def _one_run(records: list[dict[str, Any]], path: Path, flag: str, run: str | None) -> str:
@@ -69,13 +73,22 @@ def load_run(path: Path, label: str, engine: str | None, *, run: str | None = No
             raise CompareError(f"engine {pick!r} is not in {path} (engines there: {', '.join(present) or 'none'})")
         records = [r for r in records if r.get("engine") == pick]
     try:
-        summary = summarize(records, config=config, config_path=config_path, run=run_id or None)
+        summary = summarize(records, config=config, config_path=config_path, run=run_id or None,
+                            records_dirs=[path])  # beside them: announcements and identities
     except RunError as exc:
         raise CompareError(str(exc)) from None
     medians = {(m["engine"], m["scenario"]): m for m in summary["medians"]}
     if not medians:
         raise CompareError(f"no measured rounds in {path} (warm-up rounds are left out)")
-    return Run(label, path, tuple(sorted({e for e, _ in medians})), medians, run_id, summary["slo_source"]["text"])
+    engines = tuple(sorted({e for e, _ in medians}))
+    builds = [_build(x) for x in summary.get("engines", []) if x.get("name") in engines]
+    return Run(label, path, engines, medians, run_id, summary["slo_source"]["text"],
+               tuple(dict.fromkeys(builds)), tuple(summary.get("warnings", [])))
+
+
+def _build(entry: dict[str, Any]) -> str:
+    """An engine's identity in a line: ``vllm: vllm 0.32.0, model tiny``."""
+    return f"{entry.get('name')}: {entry.get('kind')} {entry.get('version') or '?'}, model {entry.get('model') or '?'}"
 
 
 def _cells(a: Run, b: Run) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -138,6 +151,8 @@ def _markdown(rows: list[dict[str, Any]], a: Run, b: Run, pngs: list[Path]) -> s
              f"- Measured {PROXY_SIDE} of each run.",
              f"- A = **{a.label}**: `{a.path}` (run {a.run_id or '-'}; engines: {', '.join(a.engines)}); {a.slo_text}",
              f"- B = **{b.label}**: `{b.path}` (run {b.run_id or '-'}; engines: {', '.join(b.engines)}); {b.slo_text}",
+             *(f"- {side} measured {'; '.join(run.builds)}" for side, run in (("A", a), ("B", b)) if run.builds),
+             *(f"- {side}: {w}" for side, run in (("A", a), ("B", b)) for w in run.warnings),
              "- Value of a run: the median over rounds of each round's figure, in ms, % or tok/s; beside it "
              "[min–max over rounds] and (CI lo–hi), a bootstrap 95% interval of the median where there are "
              "enough requests.",

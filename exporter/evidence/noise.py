@@ -23,8 +23,9 @@ RULE = ("A difference is *within noise* when it is no larger than the wider of t
         "median overlap; otherwise B is *better* or *worse* than A in the metric's direction "
         "(higher is better for success, throughput and goodput; lower for latencies). With fewer than "
         f"two rounds on either side there is no noise estimate, and the verdict says \"{ONE_ROUND}\". When "
-        "the two sides ran different loads (load verdicts differ, or open-loop offered rates more than 10% "
-        f"apart) no difference is judged: \"{LOADS_DIFFER}\", and the reason beside it.")
+        "the two sides ran different loads (load verdicts differ, open-loop offered rates more than 10% "
+        "apart, or the requests' mean prompt or output tokens more than 10% apart) no difference is judged: "
+        f"\"{LOADS_DIFFER}\", and the reason beside it.")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ engines side by side per run and scenario with a noise verdict; the TTFT variant
 row per turn and per session (:mod:`.turns`).  Each record is judged by its own ``slo``;
 older records by the config given, else by the default (:func:`.runs.judge_by`).
 
+A round announced more than once in a run (cleared or replaced, then set again: the proxy's
+``scenarios.jsonl`` beside the records says so) is never merged into one: each announcement is a
+round of its own, the later ones labelled ``ROUND (again at HH:MM:SSZ)``
+(:func:`.runs.split_repeated`; ``repeated_rounds`` in the summary), with a ``warning:`` line each.
+
 Several records directories (several proxies) merge exactly: the union of their requests.  With
 Prometheus, each engine × scenario also gets the histogram-estimated P95 beside the exact P95,
 with the relative error: how far to trust the boards' P95 curves.  The estimate comes from the
@@ -40,13 +45,25 @@ from .merge import load_records
 from .noise import METRICS, RULE, delta_pct, judged_verdict
 from .outdir import make_dir
 from .promapi import Prometheus
-from .runs import RoundKey, group_rounds, judge_by, runs_in, select_run
+from .runs import (
+    Announcement,
+    RoundKey,
+    ScenarioLogError,
+    group_rounds,
+    judge_by,
+    read_announcements,
+    runs_in,
+    scenario_log_path,
+    select_run,
+    split_repeated,
+)
 from .summary_md import summary_markdown
 from .ttftparts import ttft_parts
 from .turns import session_cells, session_table, turn_table
 
 __all__ = ["load_records", "summarize", "write_summary", "histogram_p95_expr", "HISTOGRAMS", "TTFT_VARIANTS",
-           "DROPPED", "uncertain_share", "uncertainty_warning", "UNCERTAIN_OF_TTFT", "UNCERTAIN_WARN"]
+           "DROPPED", "uncertain_share", "uncertainty_warning", "UNCERTAIN_OF_TTFT", "UNCERTAIN_WARN",
+           "repeated_warning"]
 
 HISTOGRAMS = {"ttft": ("llmbench_time_to_first_token_seconds", "ttft_s"),
               "tpot": ("llmbench_time_per_output_token_seconds", "tpot_s"),
@@ -157,6 +174,8 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
     records came from, for the engines' and the proxy's identity beside them (``engines``,
     ``proxy``; a version that changed inside a run is in ``warnings``)."""
     judged, slo_note = judge_by(select_run(records, run), config, config_path)
+    spans, unread = _announcements(records_dirs)
+    repeated = split_repeated(judged, spans)  # a round announced twice in a run: two rounds
     groups = group_rounds(judged)
     rounds, steady, loads = _round_tables(groups, expect)
     medians = _medians(groups, rounds, loads)
@@ -169,10 +188,36 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
         out.update(turns=turn_table(judged), sessions=sessions, session_cells=session_cells(sessions))
     if prom is not None:
         out["histogram_vs_exact"] = _compare(prom, groups, scrape_s)
+    if repeated:
+        out["repeated_rounds"] = repeated
     ident = identity(records_dirs, [r["run_id"] for r in out["runs"]])
     out.update(engines=ident["engines"], proxy=ident["proxy"],
-               warnings=[*out.get("warnings", []), *ident["warnings"]])
+               warnings=[*out.get("warnings", []), *unread, *map(repeated_warning, repeated), *ident["warnings"]])
     return out
+
+
+def _announcements(records_dirs: Sequence[Path]) -> tuple[list[Announcement], list[str]]:
+    """The announcement spans of the ``scenarios.jsonl`` beside each records path (none beside:
+    none), and a ``warning:`` line for each that cannot be read."""
+    spans: list[Announcement] = []
+    unread: list[str] = []
+    for path in dict.fromkeys(scenario_log_path(Path(p)) for p in records_dirs):
+        if not path.is_file():
+            continue
+        try:
+            spans += read_announcements(path).spans
+        except ScenarioLogError as exc:
+            unread.append(f"warning: {exc}; a round announced more than once there is not told apart")
+    return spans, unread
+
+
+def repeated_warning(row: Mapping[str, Any]) -> str:
+    """The ``warning:`` line of a round announced more than once in a run (:func:`.runs.split_repeated`)."""
+    shown = ", ".join(f"{s['label']} ({s['requests']} requests)" for s in row["spans"])
+    return (f"warning: {row['engine']} {round_name(row['scenario'], row['round'])} was announced "
+            f"{row['announcements']} times in run {row['run']} (cleared or replaced, then set again): its records "
+            f"are shown as separate rounds, by announcement: {shown}; announce a new round number for each new "
+            "round")
 
 
 def _runs(records: Sequence[Mapping[str, Any]], groups: Groups) -> list[dict[str, Any]]:

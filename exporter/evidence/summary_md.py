@@ -2,7 +2,8 @@
 
 Rows in plan order (the order the rounds first appear in the records), milliseconds and per cent
 (``summary.json`` and the CSV files keep seconds and ratios, named in their columns), failure
-reasons beside the medians, and each table says which side measured it.
+reasons beside the medians, and each table says which side measured it.  A round announced more
+than once in a run is listed first, its announcements shown as rounds of their own.
 """
 
 from __future__ import annotations
@@ -94,6 +95,23 @@ def _head(summary: Mapping[str, Any]) -> list[str]:
     elif runs:
         lines += [f"Run: {runs[0]['run_id']}", ""]
     return lines
+
+
+def _repeated(summary: Mapping[str, Any]) -> list[str]:
+    """The rounds announced more than once in a run, each announcement shown as a round of its own."""
+    rows = summary.get("repeated_rounds") or []
+    if not rows:
+        return []
+    lines = ["**Rounds announced more than once** (cleared or replaced, then set again in the same run): each "
+             "announcement is a round of its own below, the later ones labelled `ROUND (again at HH:MM:SSZ)` "
+             "(UTC), never merged into one:", ""]
+    for row in rows:
+        who = f"{row['run']} " if len(summary.get("runs") or []) > 1 else ""
+        spans = ", ".join(f"`{s['label']}` {s['start_utc']} to {s['end_utc'] or 'the end of the log'} "
+                          f"({s['requests']} requests)" for s in row["spans"])
+        lines.append(f"- {who}{row['engine']} {round_name(row['scenario'], row['round'])}: "
+                     f"{row['announcements']} announcements: {spans}")
+    return lines + [""]
 
 
 def _medians(summary: Mapping[str, Any]) -> list[str]:
@@ -205,7 +223,7 @@ def headline_markdown(summary: Mapping[str, Any]) -> str:
 
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
-    md = _head(summary) + _medians(summary) + _compared(summary) + _loads(summary) + _rounds(summary)
+    md = _head(summary) + _repeated(summary) + _medians(summary) + _compared(summary) + _loads(summary) + _rounds(summary)
     md += _variants(summary) + _parts(summary) + _sessions(summary)
     if summary.get("sources"):
         md += ["", "Records merged (the union of requests; same run, engine, scenario and round form one round):", ""]

@@ -10,7 +10,11 @@ windows must overlap and the window is where all of them were steady.
 Records hold every ``serve`` start of their directory, each a run: a scenario window read from
 them is one run's.  When the round (or, without ``#ROUND``, the scenario) ran in more than one run
 there, the window is refused with the runs listed, unless ``run`` (``evidence export --run ID``)
-picks one; a round that a proxy restart left announced ends at the next run's first event.
+picks one; a round that a proxy restart left announced ends at the next run's first event.  A
+round announced more than once in the run (cleared or replaced, then set again: ``scenarios.jsonl``
+has one span per announcement) is refused too, with each span as ``START,END`` for ``--window``:
+one window over them would count every request sent in between (``evidence summarize`` shows each
+announcement as a round of its own).  ``scenario:NAME`` (every round) still takes them all.
 
 A scenario window comes, first that applies, from:
 
@@ -25,15 +29,18 @@ A scenario window comes, first that applies, from:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exporter.core.timefmt import iso
 
 from .promapi import Prometheus, parse_duration
+
+if TYPE_CHECKING:
+    from .runs import Announcement
 
 __all__ = ["Window", "WindowError", "parse_window", "iso", "check_not_future", "START_GAUGE", "END_GAUGE",
            "EngineSpan", "reads_records"]
@@ -155,11 +162,28 @@ def _steady_window(spec: str, records: Path | None, run: str | None = None) -> W
                               if key[2] == name and str(key[3]) == rnd and (engine is None or key[1] == engine)))
     if len(runs) > 1:
         raise _several_runs(spec, runs, records)
+    _steady_repeats(spec, records, name, rnd, engine, runs[0] if runs else run)
     try:
         start, end, note = steady_window(recs, name, int(rnd), engine)
     except ValueError as exc:
         raise WindowError(f"{spec}: {exc}") from None
     return Window(start, end, spec, f"records ({records}: {note})", run=runs[0] if runs else run)
+
+
+def _steady_repeats(spec: str, records: Path, name: str, rnd: str, engine: str | None, run: str | None) -> None:
+    """Refuse a steady window of a round announced more than once in its run, as
+    :func:`_from_records` does (the ``scenarios.jsonl`` beside the records says; none there: no check)."""
+    from .runs import ScenarioLogError, read_announcements, scenario_log_path
+
+    path = scenario_log_path(records)
+    if run is None or not path.is_file():
+        return
+    try:
+        log = read_announcements(path)
+    except ScenarioLogError as exc:
+        raise WindowError(str(exc)) from None
+    _refuse_repeats(spec, run, [a for a in log.spans if a.run == run and a.scenario == name and a.round == rnd
+                                and (engine is None or a.engine == engine)], records)
 
 
 def _several_runs(spec: str, runs: list[str], records: Path) -> WindowError:
@@ -198,42 +222,58 @@ def _per_engine(spans: list[EngineSpan]) -> tuple[EngineSpan, ...]:
 
 def _from_records(records: Path, name: str, rnd: str | None, now: float,
                   run: str | None = None) -> tuple[str, list[EngineSpan]]:
-    """(run, its spans) of a scenario (round) from ``scenarios.jsonl``: from the event that set it to
-    the next change for that engine in the same run; a span a restart left open ends at the next
-    run's first event.  WindowError when it is in several runs and ``run`` picks none."""
-    from .runs import UNKNOWN_RUN
+    """(run, its spans) of a scenario (round) from ``scenarios.jsonl`` (:func:`.runs.read_announcements`):
+    from the event that set it to the next change for that engine in the same run; a span a
+    restart left open ends at the next run's first event, else now.  WindowError when it is in
+    several runs and ``run`` picks none, or when ``rnd`` was announced more than once for an engine
+    in that run (:func:`_refuse_repeats`)."""
+    from .runs import ScenarioLogError, read_announcements, scenario_log_path
 
-    path = records / "scenarios.jsonl" if records.is_dir() else records
+    path = scenario_log_path(records)
     try:
-        events = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise WindowError(f"cannot read scenario events from {path}: {exc}") from None
-    runs = list(dict.fromkeys(str(ev.get("run_id") or UNKNOWN_RUN) for ev in events))
-    if run is not None and run not in runs:
+        log = read_announcements(path)
+    except ScenarioLogError as exc:
+        raise WindowError(str(exc)) from None
+    if run is not None and run not in log.runs:
         raise WindowError(f"--run {run}: no scenario events of that run in {path} (runs there: "
-                          f"{', '.join(runs) or 'none'})")
-    by_run: dict[str, list[EngineSpan]] = {}
-    open_at: dict[tuple[str, str], tuple[float, bool]] = {}  # (run, engine) -> (since, is ours)
-    first_of = {r: min(float(ev["unix"]) for ev in events if str(ev.get("run_id") or UNKNOWN_RUN) == r) for r in runs}
-    for ev in events:
-        t, ev_run = float(ev["unix"]), str(ev.get("run_id") or UNKNOWN_RUN)
-        ours = ev.get("scenario") == name and (rnd is None or str(ev.get("round")) == rnd)
-        for engine in ev.get("engines", []):
-            previous = open_at.pop((ev_run, engine), None)
-            if previous is not None and previous[1]:
-                by_run.setdefault(ev_run, []).append((engine, previous[0], t))
-            open_at[(ev_run, engine)] = (t, ours)
-    for (ev_run, engine), (opened, still_ours) in open_at.items():
-        if still_ours:
-            later = [first_of[r] for r in runs if first_of[r] > opened and r != ev_run]
-            by_run.setdefault(ev_run, []).append((engine, opened, min(later, default=now)))
+                          f"{', '.join(log.runs) or 'none'})")
+    by_run: dict[str, list[Announcement]] = {}
+    for a in log.spans:
+        if a.scenario == name and (rnd is None or a.round == rnd):
+            by_run.setdefault(a.run, []).append(a)
     what = f"{name}{'#' + rnd if rnd else ''}"
     if not by_run or (run is not None and run not in by_run):
         raise WindowError(f"unknown scenario {what}: not in {path}" + (f" for run {run}" if run else ""))
     if run is None and len(by_run) > 1:
-        raise _several_runs(f"scenario:{what}", sorted(by_run, key=lambda r: first_of[r]), records)
+        raise _several_runs(f"scenario:{what}", sorted(by_run, key=lambda r: log.runs[r]), records)
     found = run if run is not None else next(iter(by_run))
-    return found, by_run[found]
+    if rnd is not None:
+        _refuse_repeats(f"scenario:{what}", found, by_run[found], records, now)
+    return found, [(a.engine, a.start, now if a.end is None else a.end) for a in by_run[found]]
+
+
+def _refuse_repeats(spec: str, run: str, spans: list[Announcement], records: Path, now: float | None = None) -> None:
+    """WindowError when one engine's round among ``spans`` (the round's announcements in ``run``)
+    was announced more than once: one window from its first start to its last end would count
+    every request sent in between, other scenarios' too."""
+    from .runs import repeated_rounds, utc_bound
+
+    repeats = {key[1]: found for key, found in repeated_rounds(spans).items() if key[0] == run}
+    if not repeats:
+        return
+    now = time.time() if now is None else now
+
+    def pair(a: Announcement) -> str:
+        return f"{utc_bound(a.start)},{utc_bound(now if a.end is None else a.end, up=True)}"
+
+    engines = "; ".join(f"{engine} {len(found)} times ({' then '.join(pair(a) for a in found)})"
+                        for engine, found in sorted(repeats.items()))
+    example = pair(next(iter(sorted(repeats.items())))[1][-1])
+    raise WindowError(f"{spec}: in run {run} this round was announced more than once (cleared or replaced, then "
+                      f"set again), for {engines}: one window over them would count every request sent in "
+                      f"between. Export one announcement as a time window, START,END as listed, e.g. "
+                      f"--window {example}; evidence summarize --records {records} shows each announcement "
+                      "as a round of its own")
 
 
 def _gauge_values(prom: Prometheus, metric: str, sel: str, now: float, lookback_s: float) -> dict[tuple[str, ...], float]:

@@ -4,6 +4,9 @@ is announced now per engine (``active``).
 
 ``{"scenario": null}`` or ``{"scenario": "none"}`` clears; a name longer than
 :data:`~exporter.proxy.scenarios.MAX_NAME` characters is refused (400) and never echoed or logged.
+A round announced again after it was cleared or replaced in this run is still set (200), and the
+answer gains ``"warning"``: its records will be reported as a separate announcement
+(:meth:`~exporter.proxy.scenarios.ScenarioBoard.announce`; round 0 and ``warmup`` never warn).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from .exchange import json_error
-from .scenarios import CLEAR, MAX_NAME, MAX_ROUND
+from .scenarios import CLEAR, MAX_NAME, MAX_ROUND, Announced
 from .state import STATE
 
 __all__ = ["scenario_handler", "scenarios_handler", "check_request"]
@@ -47,11 +50,14 @@ async def scenario_handler(request: web.Request) -> web.Response:
         return json_error(400, problem, "invalid_request")
     name, rnd = doc.get("scenario"), doc.get("round", 0)
     try:
-        engines = state.scenarios.set(name, rnd, doc.get("engine"))
+        done: Announced = state.scenarios.announce(name, rnd, doc.get("engine"))
     except (ValueError, OSError) as exc:  # the shared state could not take it: say so, keep serving
         return json_error(507, f"scenario not set: {exc}", "scenario_state")
     label = None if name is None or name in CLEAR else state.scenarios.label(name)
-    return web.json_response({"scenario": label, "round": rnd, "engines": engines})
+    answer: dict[str, Any] = {"scenario": label, "round": rnd, "engines": done.engines}
+    if done.warning is not None:
+        answer["warning"] = done.warning
+    return web.json_response(answer)
 
 
 async def scenarios_handler(request: web.Request) -> web.Response:

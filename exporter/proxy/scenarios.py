@@ -29,7 +29,7 @@ from exporter.core.timefmt import iso
 from exporter.proxy.metrics import ProxyMetrics
 from exporter.proxy.records import JsonlWriter
 
-__all__ = ["ScenarioBoard", "Active", "RoundTimes", "MAX_ROUND", "MAX_NAME", "MAX_ROUNDS", "CLEAR",
+__all__ = ["ScenarioBoard", "Active", "Announced", "RoundTimes", "UNWARNED", "MAX_ROUND", "MAX_NAME", "MAX_ROUNDS", "CLEAR",
            "START_NAME", "START_HELP", "END_NAME", "END_HELP"]
 
 MAX_ROUND = 1_000_000
@@ -39,6 +39,8 @@ MAX_NAME = 128
 MAX_ROUNDS = 256
 #: ``POST /-/scenario`` names that clear the active scenario, as ``null`` does
 CLEAR = frozenset({"none"})
+#: scenarios announced again and again by design (the load driver's warm-ups): never warned of
+UNWARNED = frozenset({"warmup"})
 
 _ROUND_LABELS = ("engine", "scenario", "round")
 
@@ -53,6 +55,15 @@ def _multiprocess() -> bool:
 class Active:
     scenario: str
     round: int
+
+
+@dataclass(frozen=True, slots=True)
+class Announced:
+    """What ``POST /-/scenario`` did: the engines it set, those whose round changed (set again
+    unchanged, a round goes on), and a warning for a round announced before in this run."""
+    engines: list[str]
+    changed: list[str]
+    warning: str | None = None
 
 
 START_NAME = "llmbench_scenario_round_start_timestamp_seconds"
@@ -120,6 +131,13 @@ class RoundTimes:
                     self.start.remove(e, *old)  # a no-op where this process never set it
                     if end is not None:
                         self.end.remove(e, *old)
+
+    def previous(self, engine: str, act: Active) -> tuple[float | None, float | None] | None:
+        """(start, end) of ``engine``'s ``act`` among the kept rounds, either None where not known;
+        None when it is not among them (O(1))."""
+        engines = self._rounds.get((act.scenario, str(act.round)))
+        times = None if engines is None else engines.get(engine)
+        return None if times is None else (times[0], times[1])
 
     def export(self) -> list[RoundRow]:
         """The kept rounds, oldest first."""
@@ -192,20 +210,42 @@ class ScenarioBoard:
 
     def set(self, scenario: str | None, round_: int, engine: str | None = None) -> list[str]:
         """Activate (or with None or ``"none"`` clear) a scenario round for one engine or all of them."""
+        return self.announce(scenario, round_, engine).engines
+
+    def announce(self, scenario: str | None, round_: int, engine: str | None = None) -> Announced:
+        """:meth:`set`, saying which engines' round changed and warning (one log line, and
+        :attr:`Announced.warning`) when an engine's round was announced before in this run and
+        cleared or replaced since: the evidence reports its records as a separate announcement.
+        Set again unchanged, a round goes on (its start stays).  Only the kept rounds
+        (:data:`MAX_ROUNDS`) are remembered; round 0, ``warmup`` and clearing never warn."""
         if scenario in CLEAR:
             scenario = None
         engines = [engine] if engine is not None else self._engines
         label = None if scenario is None else self.label(scenario)
         now = time.time()
+        changed: list[str] = []
+        before: list[tuple[str, float | None]] = []
         for e in engines:
-            old = self._active.pop(e, None)
+            act = None if label is None else Active(label, round_)
+            old = self._active.get(e)
+            if act is not None and act == old:
+                continue  # announced again unchanged: the same round goes on
+            changed.append(e)
             if old is not None:
+                del self._active[e]
                 self._metrics.scenario_info.remove(e, old.scenario, str(old.round))
                 self.rounds.ended(e, old, now)
-            if label is not None:
-                self._active[e] = act = Active(label, round_)
-                self._metrics.scenario_info.labels(e, label, str(round_)).set(1)
+            if act is not None:
+                if round_ != 0 and act.scenario not in UNWARNED:
+                    seen = self.rounds.previous(e, act)
+                    if seen is not None:
+                        before.append((e, seen[0]))
+                self._active[e] = act
+                self._metrics.scenario_info.labels(e, act.scenario, str(round_)).set(1)
                 self.rounds.started(e, act, now)
+        warning = None if label is None or not before else self._repeat_warning(label, round_, before)
+        if warning is not None:
+            log.warning("POST /-/scenario: %s", warning)
         self._log.write({
             "run_id": self.run_id,
             "time": iso(now, ms=True),
@@ -215,4 +255,11 @@ class ScenarioBoard:
             "requested": None if scenario is None else scenario[:MAX_NAME],
             "round": round_ if label is not None else None,
         })
-        return engines
+        return Announced(list(engines), changed, warning)
+
+    def _repeat_warning(self, label: str, round_: int, before: list[tuple[str, float | None]]) -> str:
+        when = ", ".join(f"{e} at {'an earlier time' if t is None else iso(t)}" for e, t in before)
+        return (f"{label}#{round_} was announced before in this run ({self.run_id or 'this serve start'}): "
+                f"{when}, then cleared or replaced; its records from now on will be reported as a separate "
+                f"announcement (evidence summarize shows it as a round of its own, evidence export --window "
+                f"scenario:{label}#{round_} refuses the round): announce a new round number for a new round")

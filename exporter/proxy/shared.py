@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from .scenarios import END_HELP, END_NAME, START_HELP, START_NAME, Active
+from .scenarios import END_HELP, END_NAME, START_HELP, START_NAME, Active, Announced
 
 __all__ = ["SharedScenarios", "SharedBoard", "ScenarioInfoCollector"]
 
@@ -117,16 +117,22 @@ class SharedBoard:
         return result
 
     def set(self, scenario: str | None, round_: int, engine: str | None = None) -> list[str]:
+        return self.announce(scenario, round_, engine).engines
+
+    def announce(self, scenario: str | None, round_: int, engine: str | None = None) -> Announced:
+        """:meth:`ScenarioBoard.announce` under the lock, from and into the shared state: a round
+        announced before through any worker of this ``serve`` start is known (the kept rounds
+        travel in the state), so the warning does not depend on the worker a POST reaches."""
         with self._shared.locked():
             self._pull()
-            engines: list[str] = self._board.set(scenario, round_, engine)
+            done: Announced = self._board.announce(scenario, round_, engine)
             now = time.time()
-            for e in engines:
+            for e in done.changed:
                 self._since[e] = now
             active = {e: [a.scenario, a.round, self._since.get(e, now)] for e, a in self._board._active.items()}
             self._shared.write_locked({"active": active, "rounds": self._board.rounds.export()})
             self._seen = self._shared.version()
-        return engines
+        return done
 
     def __getattr__(self, name: str) -> Any:
         self._pull()

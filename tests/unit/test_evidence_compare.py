@@ -117,3 +117,20 @@ def test_requests_of_another_length_are_not_judged(tmp_path: Path) -> None:
     with_prompts(a, 1000)
     assert _rows(compare_dirs(a, b, tmp_path / "out2", "sglang", "vllm"))[("win", "output_throughput_tok_s")][
         "verdict"] == "better"
+
+
+def test_each_side_names_the_build_it_measured(tmp_path: Path) -> None:
+    """compare reads engines.jsonl beside each side's records, as summarize does: the engines'
+    identities of each run are in compare.md."""
+    a = _run(tmp_path / "a", "sglang", 100.0, 1.0, (100.0, 120.0, 140.0))
+    b = _run(tmp_path / "b", "vllm", 200.0, 0.5, (110.0, 125.0, 135.0))
+    for path, kind, version in ((a, "sglang", "0.5.23"), (b, "vllm", "0.32.0")):
+        recs = [json.loads(line) for line in (path / "requests.jsonl").read_text().splitlines()]
+        (path / "requests.jsonl").write_text("".join(json.dumps({**r, "run_id": "r1"}) + "\n" for r in recs))
+        (path / "engines.jsonl").write_text(json.dumps(
+            {"event": "identity", "run_id": "r1", "unix": 1.0, "engine": kind, "kind": kind, "version": version,
+             "model": "tiny", "root": "/m", "max_model_len": 2048, "server_args": None, "model_info": None}) + "\n")
+    compare_dirs(a, b, tmp_path / "out", "sglang", "vllm")
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "- A measured sglang: sglang 0.5.23, model tiny" in md
+    assert "- B measured vllm: vllm 0.32.0, model tiny" in md
