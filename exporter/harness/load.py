@@ -9,18 +9,20 @@ error) clears what it announced on its way out (:meth:`Driver.clear_announcement
 the proxy answers itself (HTTP 502/504 for an engine it could not reach) keeps the proxy's
 verdict beside the client's: ``proxy_reason`` (``connect_error``, ``timeout``, ...).
 
-Every record also says when the request was due and how late it went out
-(``intended_start_unix``, ``schedule_lag_s``): open loop, an absolute Poisson schedule from
-the round's start, or a replayed trace's own timestamps (:mod:`.replay`); closed loop, the moment its worker was free.  Open-loop records add
-``e2e_from_intended_s``, the E2E counted from when the request was due: a client that falls
-behind its schedule hides that wait from the usual E2E (coordinated omission), not from this.
-The command line is :mod:`exporter.harness.load_cli`.
+Every record also says when the request was due and how late it went out (``intended_start_unix``,
+``schedule_lag_s``): open loop, an absolute Poisson schedule from the round's start or a replayed trace's
+timestamps (:mod:`.replay`); closed loop, when its worker was free.  Open-loop records add
+``e2e_from_intended_s``, the E2E from when the request was due (what coordinated omission hides).
+A prompt is ``input_tokens`` words, or with the engine's tokenizer exactly that many of its tokens
+(:meth:`.replay.Replays.prompt`); the summary keeps, per cell, the prompt length the engine counted
+beside the asked one (:func:`.tables.add_prompt_lengths`).  The command line is :mod:`.load_cli`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -38,13 +40,14 @@ from exporter.core.content import is_event_stream
 from exporter.proxy.records import JsonlWriter
 from exporter.proxy.transport import transport_reason
 
+from .announce import post_scenario
 from .plan import WARMUP, Cell, Plan, PlanError, Stage, load_plan
 from .preflight import check_base_url, check_proxy_scenarios
 from .progress import Progress
 from .replay import Prompts, Replays
 from .runner import run_plan
 from .sessions import Turn, replay_sessions, run_sessions
-from .tables import write_tables
+from .tables import add_prompt_lengths, write_tables
 
 if TYPE_CHECKING:
     from exporter.proxy.prompttokens import PromptTokenizer
@@ -61,8 +64,7 @@ _VOCAB = (
 ).split()
 
 
-#: the words of the driver's prompts (a model tokenizer for the simulated engines names them: sim_vocab)
-PROMPT_WORDS = tuple(_VOCAB)
+PROMPT_WORDS = tuple(_VOCAB)  # the words of the driver's prompts (sim_vocab's model tokenizer names them)
 
 
 def make_prompt(rng: random.Random, words: int) -> str:
@@ -89,9 +91,9 @@ class Driver:
         self.label = label or self.engine or parts.netloc
         self.model = model
         self.rng = random.Random(seed)  # the prompts' words
-        #: a replayed trace's prompts (:mod:`.replay`), framed to the engine's exact lengths with its tokenizer
-        #: (``load --tokenizer``)
+        #: the prompts (:mod:`.replay`), framed to the engine's exact lengths with its tokenizer (``load --tokenizer``)
         self.replays = Replays(seed, make_prompt, _VOCAB, tokenizer)
+        self.counted: dict[tuple[Any, ...], list[tuple[int, int | None]]] = {}  # (round, prompt_tokens) per cell
         self.arrivals = random.Random(f"arrivals-{seed}")  # the Poisson gaps, apart from the prompts
         self.out_dir = out_dir
         self.records = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
@@ -172,15 +174,10 @@ class Driver:
             return
         if scenario is not None:
             self._announced = True  # from now on, even if the answer is lost
-        try:
-            async with self.session.post(f"{self.proxy_root}/-/scenario",
-                                         json={"scenario": scenario, "round": round_, "engine": self.engine},
-                                         timeout=aiohttp.ClientTimeout(total=5)) as r:
-                await r.read()
-                if scenario is None and r.status == 200:
-                    self._announced = False
-        except (aiohttp.ClientError, TimeoutError):
-            pass
+        status = await post_scenario(self.session, self.proxy_root,
+                                     {"scenario": scenario, "round": round_, "engine": self.engine}, self.progress_stream)
+        if scenario is None and status == 200:
+            self._announced = False
 
     async def clear_announcement(self) -> None:
         """Clear the scenario this driver announced and did not clear (a run interrupted mid-round),
@@ -193,13 +190,11 @@ class Driver:
                         f"{{\"scenario\": null, \"engine\": \"{self.engine}\"}} by hand")
 
     def body(self, cell: Cell, given: tuple[str, int] | None = None) -> dict[str, Any]:
-        """A request of ``cell``: random words, or ``given`` (prompt, max_tokens) by a replayed trace."""
-        prompt, max_tokens = given if given is not None else (make_prompt(self.rng, cell.input_tokens),
-                                                              cell.output_tokens)
-        body: dict[str, Any] = {
-            "model": self.model, "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-        }
+        """A request of ``cell`` (its prompt: :meth:`.replay.Replays.prompt`), or ``given`` (prompt, max_tokens) by a trace."""
+        prompt, max_tokens = given if given is not None else (
+            self.replays.prompt(self.rng, cell.input_tokens, cell.chat), cell.output_tokens)
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+                                "stream": True, "stream_options": {"include_usage": True}}
         if cell.chat:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -252,6 +247,8 @@ class Driver:
             record["detail"] = f"HTTP {result.status} from the proxy, whose record says {said[0]}: {message}"
         if self.records is not None:
             self.records.write(record)
+        if scenario != WARMUP and (turn is None or turn.turn == 1):  # the prompt length the engine counted
+            self.counted.setdefault(dataclasses.astuple(cell), []).append((round_, result.prompt_tokens))
         if self.first_error is None and result.outcome != "success":
             self.first_error = (f"{said[0]}: {said[1]} (the proxy's record; HTTP {result.status} here)" if said else
                                 f"{result.reason}: {result.detail}" if result.detail else str(result.reason))
@@ -294,6 +291,7 @@ class Driver:
         sessions = any(line.session_id is not None for line in traced) and scenario != WARMUP
         prompts = None if cell.trace is None else self.replays.prompts(  # read and framed before the clock starts
             cell.trace, cell.chat or sessions, cell.block_size, f"{scenario}/{round_}")
+        self.replays.ready(cell.chat, cell.sessions is not None, cell.trace)  # a plan cell's framing, before it too
         wall0, start = time.time(), self.clock()  # one anchor: the due times keep their spacing
         open_loop = cell.concurrency is None  # Poisson arrivals, or a trace's own
 
@@ -312,7 +310,7 @@ class Driver:
                                             self.clock, start)
             return records, self.clock() - start
         if cell.sessions is not None and scenario != WARMUP:  # warm-ups are single chat requests
-            records = await run_sessions(cell, round_, send_turn, lambda k: make_prompt(self.rng, k), self.model,
+            records = await run_sessions(cell, round_, send_turn, lambda k: self.replays.words(self.rng, k), self.model,
                                          self.clock)
             return records, self.clock() - start
         if cell.concurrency is not None:
@@ -351,8 +349,10 @@ class Driver:
     async def run_plan(self, plan: Plan) -> dict[str, Any]:
         """Every stage in order (see :mod:`exporter.harness.runner`); writes the tables to
         ``out_dir`` when there is one and returns the summary."""
+        self.counted.clear()  # this plan's prompt lengths only
         summary = await run_plan(self, plan)
         summary["first_error"] = self.first_error
+        add_prompt_lengths(summary, self.counted, self.replays.asked, self.replays.tokenizer is not None)
         if self.out_dir is not None:
             write_tables(self.out_dir, summary)
         return summary

@@ -27,7 +27,7 @@ from .cliutil import HelpFormatter, UserError, fail, non_negative_float, non_neg
 from .load import Driver
 from .plan import WARMUP, Plan, PlanError, Stage, cell_from_options, load_plan, scenario_names
 from .preflight import check_url_syntax
-from .tables import failure_summary, round_table
+from .tables import failure_summary, prompt_warnings, round_table
 
 __all__ = ["add_parser", "cmd_load"]
 
@@ -65,11 +65,16 @@ def _tokenizer(path: str | None) -> PromptTokenizer | None:
 
 
 def _check_framing(driver: Driver, plan: Plan, path: str | None) -> None:
-    """With ``--tokenizer``, how the engine frames every trace cell's prompts, measured and checked before
-    the first request (:func:`.replay.framing`); UserError when the lengths cannot be exact."""
+    """With ``--tokenizer``, how the engine frames every cell's prompts (a trace's blocks, a plan cell's
+    ``input_tokens``, a session's user text), measured and checked before the first request
+    (:func:`.replay.framing`); UserError when the lengths cannot be exact."""
     try:
-        for cell in (c for stage in plan.stages for c in stage.cells if c.trace is not None):
-            driver.replays.framing(cell.chat, cell.block_size)
+        for cell in (c for stage in plan.stages for c in stage.cells):
+            if cell.trace is not None:  # a trace with sessions replays them in chat
+                driver.replays.framing(cell.chat, cell.block_size)
+                if any(line.session_id is not None for line in driver.replays.lines(cell.trace)[:cell.requests]):
+                    driver.replays.framing(True, cell.block_size)
+            driver.replays.ready(cell.chat, cell.sessions is not None, cell.trace)  # a plan cell's, a session's
     except TokenizerError as exc:
         raise UserError(f"--tokenizer {path}: {exc}") from None
 
@@ -126,6 +131,8 @@ async def _drive(args: argparse.Namespace, plan: Plan, out: Path | None) -> dict
 
 def _report(summary: dict[str, Any], out: Path | None) -> int:
     print(round_table([summary]))
+    for warning in prompt_warnings([summary]):  # the prompts were not as long as asked, as the engine counts
+        print(warning, file=sys.stderr)
     failures = failure_summary([summary])
     if out is not None:
         print(f"tables in {out}/rounds.csv and {out}/summary.json, each request in {out}/requests.jsonl")
@@ -169,7 +176,9 @@ _CHECKS = ("Through the proxy (http://HOST:PORT/<engine>) every scenario name th
            "before its first request.  Progress goes to stderr: a bar on a terminal, else a line every 10 s.  "
            "The table is the load driver's own, client-side; the proxy's records are the primary numbers "
            "(evidence summarize).  Stopped by SIGINT (Ctrl-C) or SIGTERM, it clears the scenario it announced "
-           "to the proxy before it exits (status 130 or 143).")
+           "to the proxy before it exits (status 130 or 143).  The table shows each cell's prompt length asked "
+           "('in tok') beside the one the engine counted ('prompt tok', from its usage); where they differ by more "
+           "than 10 % a 'warning:' line on stderr says so (prompts are words unless --tokenizer).")
 
 
 def _add_session_options(p: argparse.ArgumentParser) -> None:
@@ -187,17 +196,19 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_trace_options(p: argparse.ArgumentParser) -> None:
-    """``--speedup X``, ``--block-size N``, ``--tokenizer PATH``: how a trace cell replays (:mod:`.replay`)."""
+    """``--speedup X``, ``--block-size N``: how a trace cell replays (:mod:`.replay`); ``--tokenizer PATH``:
+    how long every prompt is, in the engine's tokens."""
     p.add_argument("--speedup", metavar="X", type=positive_float,
                    help="with --trace: its timestamps divided by X (default: 1, as recorded)")
     p.add_argument("--block-size", metavar="N", type=positive_int,
                    help="with --trace: tokens per hash id, as the trace's note says (default: 512)")
     p.add_argument("--tokenizer", metavar="PATH",
-                   help="with --trace (or a plan's trace cells): the engine's tokenizer (its model directory or "
-                        "tokenizer.json; the trace extra), so that each prompt is exactly input_length tokens as "
-                        "the engine counts them (its BOS, its chat template) and its blocks fall on the trace's "
-                        "block boundaries (default: none, one word per token, as the simulated engines count "
-                        "without --tokenizer)")
+                   help="the engine's tokenizer (its model directory or tokenizer.json; the trace extra), so that "
+                        "each prompt is exactly --input-tokens (a plan cell's input_tokens, a trace line's "
+                        "input_length) tokens as the engine counts them, its BOS and chat template included; a "
+                        "session's turns add that many tokens of user text; a trace's blocks fall on its block "
+                        "boundaries (default: none, one word per token: exact for the simulated engines only, a "
+                        "real model's tokenizer counts more; the table's 'prompt tok' shows its count)")
 
 
 def add_parser(sub: Any) -> None:
@@ -230,7 +241,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--warmup", metavar="N", type=non_negative_int, default=0,
                    help=f"warm-up requests before the rounds, labelled '{WARMUP}'")
     p.add_argument("--input-tokens", metavar="I", type=positive_int,
-                   help="prompt length in tokens (words) (default: none; needed without --plan)")
+                   help="prompt length: words, or the engine's tokens with --tokenizer (default: none; needed "
+                        "without --plan)")
     p.add_argument("--output-tokens", metavar="O", type=positive_int,
                    help="max_tokens of each request, with ignore_eos (default: none; needed without --plan)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")

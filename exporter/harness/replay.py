@@ -25,6 +25,12 @@ which it does not hold (one that merges the words, say).
 Every round (and the warm-up) replays the trace from its first line with text of its own, so that
 one round's prompts are not in the engine's prefix cache when the next begins; within a round the
 trace's sharing is kept exactly.
+
+A plan cell's prompts (and an ad-hoc run's, ``--input-tokens``) are framed the same way, by the same
+measurement (:meth:`Replays.prompt`): ``input_tokens - lead - trail`` one-token words, so that the
+engine counts exactly ``input_tokens``; a session's added user text is ``input_tokens`` such words
+(:meth:`Replays.words`: the chat template's tokens around each message come on top).  Without a
+tokenizer they are ``input_tokens`` of the driver's words, one token each only for the simulated engines.
 """
 
 from __future__ import annotations
@@ -38,13 +44,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporter.core.stats import median
+
 if TYPE_CHECKING:
     from exporter.proxy.prompttokens import PromptTokenizer
 
-__all__ = ["TraceFileError", "TraceLine", "read_trace", "sessions_of", "Prompts", "Framing", "framing", "Replays", "trace_shape"]
+__all__ = ["TraceFileError", "TraceLine", "read_trace", "sessions_of", "Prompts", "Framing", "framing", "Replays",
+           "trace_shape", "PLAIN_BLOCK"]
 
 #: blocks of words kept per round (a few MiB): the rest are drawn again when their id comes back
 _BLOCKS_KEPT = 4096
+#: the block size of the probes that check the framing of a plan cell's prompts (a trace's default)
+PLAIN_BLOCK = 512
 
 
 class TraceFileError(ValueError):
@@ -175,6 +186,10 @@ class Framing:
             return fallback
         return lambda rng, k: " ".join(rng.choice(vocabulary) for _ in range(k))
 
+    def fill(self, input_length: int) -> int:
+        """How many words a prompt of ``input_length`` tokens holds: what the framing leaves of it."""
+        return max(0, input_length - self.lead - self.trail)
+
 
 class Prompts:
     """The prompts of one round of a replay: equal hash ids give equal blocks of words."""
@@ -194,7 +209,7 @@ class Prompts:
         (position ``p``: word ``p % block_size`` of hash id ``hash_ids[p // block_size]``); positions past the
         ids take words of the request's own, seeded by ``index``."""
         size, pos = self.block_size, self.frame.lead
-        stop = max(pos, line.input_length - self.frame.trail)
+        stop = pos + self.frame.fill(line.input_length)
         words: list[str] = []
         for b, h in enumerate(line.hash_ids):
             end = min(stop, (b + 1) * size)
@@ -227,12 +242,12 @@ def framing(tok: PromptTokenizer, chat: bool, block_size: int, candidates: Seque
     vocabulary = _one_token_words(tok, candidates)
     if len(vocabulary) < 8:
         raise TokenizerError(f"the tokenizer keeps only {len(vocabulary)} of the driver's words as one token each: "
-                             "a replay cannot give exact lengths with it (leave out --tokenizer)")
+                             "the prompts cannot have exact lengths with it (leave out --tokenizer)")
 
     def ids(text: str) -> list[int]:
         got = tok.prompt_ids(_body(text, chat), chat)
         if got is None:
-            raise TokenizerError("the tokenizer has no chat template: a --chat replay cannot be framed with it")
+            raise TokenizerError("the tokenizer has no chat template: chat prompts cannot be framed with it")
         return got
 
     a, b = ids(vocabulary[0]), ids(vocabulary[1])
@@ -245,15 +260,16 @@ def framing(tok: PromptTokenizer, chat: bool, block_size: int, candidates: Seque
     got = [ids(prompts.text(line, i)) for i, line in enumerate(probes)]
     if len(a) != len(b) or [len(g) for g in got] != [p.input_length for p in probes] \
             or got[0][:shared - frame.trail] != got[1][:shared - frame.trail]:
-        raise TokenizerError("the tokenizer does not count the replay's words one token each around its "
-                             f"{'chat template' if chat else 'special tokens'}: a replay cannot give exact lengths "
+        raise TokenizerError("the tokenizer does not count the driver's words one token each around its "
+                             f"{'chat template' if chat else 'special tokens'}: the prompts cannot have exact lengths "
                              "with it (leave out --tokenizer)")
     return frame
 
 
 class Replays:
-    """The traces a driver replays (each read once) and how the engine frames their prompts (measured once
-    per chat or not and block size, with the engine's tokenizer when the driver has one)."""
+    """The traces a driver replays (each read once) and how the engine frames the driver's prompts, a trace's
+    and a plan cell's (measured once per chat or not and block size, with the engine's tokenizer when the
+    driver has one)."""
 
     def __init__(self, seed: int, words: Words, candidates: Sequence[str], tokenizer: PromptTokenizer | None) -> None:
         self.seed = seed
@@ -275,6 +291,28 @@ class Replays:
         if (chat, block_size) not in self._framings:
             self._framings[chat, block_size] = framing(self.tokenizer, chat, block_size, self._candidates)
         return self._framings[chat, block_size]
+
+    def ready(self, chat: bool, sessions: bool, trace: str | None) -> None:
+        """Measure (and check) how a cell's prompts are framed before its first request: a plan cell's (``chat``),
+        and a session cell's user text; a trace cell's are framed by :meth:`prompts`.  TokenizerError."""
+        if trace is None:
+            self.framing(chat, PLAIN_BLOCK)
+            if sessions:
+                self.framing(False, PLAIN_BLOCK)
+
+    def prompt(self, rng: random.Random, input_tokens: int, chat: bool) -> str:
+        """A plan cell's prompt: ``input_tokens`` tokens as the engine counts them (its BOS, its chat template)
+        with the tokenizer; that many words without one.  TokenizerError."""
+        frame = self.framing(chat, PLAIN_BLOCK)
+        return frame.words(self._words)(rng, frame.fill(input_tokens))
+
+    def words(self, rng: random.Random, k: int) -> str:
+        """``k`` words of text, ``k`` tokens as the tokenizer counts them (a session's added user text)."""
+        return self.framing(False, PLAIN_BLOCK).words(self._words)(rng, k)
+
+    def asked(self, trace: str, n: int) -> float | None:
+        """The median ``input_length`` of the first ``n`` lines of ``trace`` that open a session (or are one)."""
+        return median([turns[0].input_length for turns in sessions_of(self.lines(trace)[:n])])
 
     def prompts(self, trace: str, chat: bool, block_size: int, salt: str) -> Prompts:
         """A round's prompts for a trace cell: the trace read, text of its own per ``salt``."""

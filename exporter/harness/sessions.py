@@ -2,7 +2,7 @@
 
 A session cell (``load --sessions N --turns T [--think-time S] [--tools]``, or ``sessions:`` and
 ``turns:`` in a plan cell) runs N sessions at once, each of T turns in chat.  Each turn adds
-``input_tokens`` words of new user text to the history and asks for ``output_tokens``; the
+``input_tokens`` words (the model's tokens with ``load --tokenizer``) of new user text to the history and asks for ``output_tokens``; the
 request carries the whole history, the previous answers as the engine gave them, and the
 header ``X-Session-ID`` (the proxy numbers the turns and records the engine's cached tokens).
 Between an answer and the next turn a session waits ``think_time_s`` seconds.

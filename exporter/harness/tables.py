@@ -15,24 +15,34 @@ noise estimate at all).  Goodput is the SLO's: requests that met the SLO over ju
 (failures count against it), and the output tokens of those requests per second.  Beside them,
 the driver's own schedule: the P50/P99 of how late each request went out (actual minus
 intended send time) and, open loop, the E2E P95 counted from the intended send time.
+
+Beside the load, the prompt length: the one asked for (``in tok``: the cell's ``input_tokens``, a
+trace's median ``input_length``) and the one the engine counted (``prompt tok``: the median of its
+``usage.prompt_tokens``; a session's first turns).  The driver's prompts are words unless ``load
+--tokenizer`` frames them in the engine's tokens, and a real model's tokenizer cuts words into
+several tokens: :func:`prompt_warnings` names each cell whose counted length is more than 10 %
+off the asked one.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROUND_COLUMNS", "TITLE", "write_tables", "round_table", "failure_summary"]
+from exporter.core.stats import median
+
+__all__ = ["ROUND_COLUMNS", "TITLE", "write_tables", "round_table", "failure_summary", "add_prompt_lengths",
+           "prompt_warnings", "PROMPT_TOLERANCE"]
 
 ROUND_COLUMNS = (
     "engine", "stage", "scenario", "round", "requests", "success", "failures", "failure_reasons",
     "duration_s", "success_output_tokens", "output_throughput_tok_s", "ttft_p50_s", "ttft_p95_s",
     "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_ttft_attainment", "slo_tpot_attainment",
     "judged", "slo_met", "goodput_ratio", "goodput_output_tokens", "goodput_tok_s",
-    "schedule_lag_p50_s", "schedule_lag_p99_s", "e2e_from_intended_p95_s",
+    "schedule_lag_p50_s", "schedule_lag_p99_s", "e2e_from_intended_p95_s", "prompt_tokens_p50",
 )
 
 #: the first line of every text table: where its numbers come from
@@ -49,6 +59,57 @@ _FIGURES: tuple[tuple[str, str, float, int], ...] = (
     ("e2e_p95_s", "E2E P95 ms", 1000.0, 1),
     ("e2e_from_intended_p95_s", "sched E2E P95 ms", 1000.0, 1),
 )
+
+
+#: a cell whose counted prompt length (median) is further than this share from the asked one is warned about
+PROMPT_TOLERANCE = 0.10
+
+#: (round, usage.prompt_tokens) of each request of a cell (a session's first turns), keyed by the cell's values
+Counted = Mapping[tuple[Any, ...], Sequence[tuple[int, int | None]]]
+
+
+def add_prompt_lengths(summary: Mapping[str, Any], counted: Counted, traced: Callable[[str, int], float | None],
+                       exact: bool) -> None:
+    """Beside each cell of ``summary``, ``prompt_tokens``: the length asked (``input_tokens``, or
+    ``traced(trace, requests)``: a trace's median ``input_length``) and the engine's count (median, min,
+    max, over ``requests`` that carried usage); ``tokenizer``: whether the prompts were framed with the
+    engine's tokenizer (``exact``).  Each round row gets its ``prompt_tokens_p50``."""
+    for entry in summary.get("cells", []):
+        cell = entry["cell"]
+        got = counted.get(tuple(cell.values()), ())
+        for row in entry.get("rounds", []):
+            row["prompt_tokens_p50"] = median(p for r, p in got if r == row.get("round"))
+        counts = [p for _, p in got if p is not None]
+        entry["prompt_tokens"] = {
+            "asked": traced(cell["trace"], cell["requests"]) if cell.get("trace") else cell["input_tokens"],
+            "counted_p50": median(counts), "counted_min": min(counts, default=None),
+            "counted_max": max(counts, default=None), "requests": len(counts), "tokenizer": exact}
+
+
+def _tok(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+
+def prompt_warnings(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One ``warning:`` line per cell whose engine-counted prompt length (median) is more than
+    :data:`PROMPT_TOLERANCE` off the asked one (a session cell framed with the tokenizer is not: its
+    first turn adds the chat template's tokens to the asked user text)."""
+    out = []
+    for s in summaries:
+        for entry in s.get("cells", []):
+            p, cell = entry.get("prompt_tokens") or {}, entry["cell"]
+            asked, got = p.get("asked"), p.get("counted_p50")
+            if asked is None or got is None or abs(got - asked) <= PROMPT_TOLERANCE * asked:
+                continue
+            what = "the trace's median input_length" if cell.get("trace") else "input_tokens"
+            head = (f"warning: cell {s['engine']} {cell['scenario']}: asked {what} {_tok(asked)}, the engine counted "
+                    f"{_tok(got)} prompt tokens (median{', first turns' if cell.get('sessions') else ''})")
+            if not p.get("tokenizer"):
+                out.append(f"{head}: the prompts are words, not the model's tokens; give --tokenizer MODEL_DIR (the "
+                           "engine's model directory or tokenizer.json) to make them equal")
+            elif not cell.get("sessions"):
+                out.append(f"{head} although --tokenizer was given: is it the tokenizer of the engine's model?")
+    return out
 
 
 def _rows(summary: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
@@ -140,14 +201,16 @@ def _cell_rows(s: Mapping[str, Any]) -> list[tuple[list[str], str | None]]:
     for cell in s.get("cells", []):
         m = cell["median"]
         figs = [_figure(m, key, scale, nd) for key, _, scale, nd in _FIGURES]
-        out.append(([str(s["engine"]), cell["cell"]["scenario"], f"{m['success']}/{m['requests']}", *figs,
-                     _lag(m)], _ci_line(m)))
+        p = cell.get("prompt_tokens") or {}
+        out.append(([str(s["engine"]), cell["cell"]["scenario"], f"{m['success']}/{m['requests']}",
+                     _tok(p.get("asked")), _tok(p.get("counted_p50")), *figs, _lag(m)], _ci_line(m)))
     return out
 
 
 def round_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     """The text table: one line per cell (median [spread]), CI lines, stops and sweeps."""
-    head = ["engine", "scenario", "success", *(title for _, title, _, _ in _FIGURES), "lag P50/P99 ms"]
+    head = ["engine", "scenario", "success", "in tok", "prompt tok", *(title for _, title, _, _ in _FIGURES),
+            "lag P50/P99 ms"]
     cells = [row for s in summaries for row in _cell_rows(s)]
     grid = _grid([head] + [r for r, _ in cells])
     lines = [TITLE, grid[0], "-" * max(len(g) for g in grid)]
@@ -171,6 +234,8 @@ def round_table(summaries: Sequence[Mapping[str, Any]]) -> str:
         lines.append(f"SLO: TTFT <= {slo['ttft_s']} s and TPOT <= {slo['tpot_s'] * 1000:g} ms; "
                      "goodput % = requests that met it / judged requests (failures count against it); "
                      "[min-max] = spread over rounds")
+    lines.append("in tok = the prompt length asked (input_tokens: words unless load --tokenizer); prompt tok = "
+                 "the prompt tokens the engine counted (usage, median; a session's first turns)")
     lines.append("lag = how late the load driver sent each request (actual minus intended send time); "
                  "sched E2E = E2E from the intended send time (open loop only: what a client that falls "
                  "behind its schedule hides from the usual E2E)")

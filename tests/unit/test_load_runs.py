@@ -245,3 +245,20 @@ def test_no_confidence_interval_of_zero_width() -> None:
     assert "TTFT P95 ms 2800.0-3100.0" in table and "one round: no round-to-round noise" in table
     only_flat = round_table([_summary(ci95={"output_throughput_tok_s": [3639.7, 3639.7]})])
     assert "95% CI" not in only_flat
+
+
+async def test_a_round_run_twice_in_one_proxy_run_is_said_at_once(aiohttp_server: Any, proxy_factory: Any) -> None:
+    """load numbers its rounds from 1: run twice against one proxy run, its second run announces
+    rounds the proxy has seen, and the proxy's warning reaches the user on the driver's stream."""
+    sim = await aiohttp_server(create_sim_app(build_params("vllm", speed=50.0)))
+    proxy = await proxy_factory(sim.port)  # knows short-c1 and short-c32
+    plan = Plan([Stage("core", [Cell("short-c1", 4, 2, 2, concurrency=1, warmup=0)])])
+    streams = []
+    for _ in range(2):
+        out = io.StringIO()
+        async with Driver(str(proxy.make_url("/vllm")), model="m", progress_stream=out) as driver:
+            await driver.run_plan(plan)
+        streams.append(out.getvalue())
+    assert "warning:" not in streams[0]
+    warned = [x for x in streams[1].splitlines() if x.startswith("warning: the proxy says: ")]
+    assert len(warned) == 1 and "short-c1#1 was announced before in this run" in warned[0], streams[1]
