@@ -261,7 +261,10 @@ class StreamAnalyzer:
             return "missing_usage", "no usage object with integer prompt_tokens and completion_tokens"
         expected = self.spec.expected_tokens
         if expected is not None and self.usage[1] != expected:
-            return "length_mismatch", f"completion_tokens {self.usage[1]} != requested {expected}"
+            prompt, done = self.usage
+            short = (f" (prompt {prompt} + completion {done} = {prompt + done} tokens: the model's context length, "
+                     f"if it is {prompt + done})") if done < expected else ""
+            return "length_mismatch", f"completion_tokens {done} != requested {expected}{short}"
         return None, None
 
     def _on_event(self, name: str | None, data: bytes, problem: str | None, now: float) -> None:

@@ -164,3 +164,18 @@ def test_ttfb_and_ttfe_of_a_non_streaming_body() -> None:
     assert (empty.ttfb_s, empty.ttfe_s, empty.ttft_s) == (0.2, None, None)
     none = StreamAnalyzer(0.0, None, RequestSpec(), streaming=True).finish(1.0, "connect_error")
     assert (none.ttfb_s, none.ttfe_s, none.ttft_s) == (None, None, None)
+
+
+def test_a_short_answer_names_the_tokens_in_all() -> None:
+    """An engine that stops at its context length answers fewer tokens than asked: the detail adds
+    prompt and completion up, the figure to hold against the model's context length; a longer
+    answer than asked has no such cause and gets no sum."""
+    def detail(prompt: int, done: int) -> str | None:
+        usage = f'{{"choices":[{{"text":"a"}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{done}}}}}'
+        r = analyze_bytes([(0.2, sse(usage, "[DONE]"))], spec=RequestSpec(stream=True, expected_tokens=128))
+        assert r.reason == "length_mismatch"
+        return r.detail
+
+    assert detail(1958, 90) == ("completion_tokens 90 != requested 128 (prompt 1958 + completion 90 = 2048 tokens: "
+                                "the model's context length, if it is 2048)")
+    assert detail(10, 130) == "completion_tokens 130 != requested 128"
