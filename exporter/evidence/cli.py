@@ -21,6 +21,7 @@ from .mooncake import add_parser as trace_parser
 from .outdir import OutDirError
 from .promapi import TOKEN_ENV, PromError, Prometheus, parse_header
 from .tokens import TokenizerError, load_vocabulary
+from .totals import totals_line
 from .windows import WindowError, iso, parse_window
 
 __all__ = ["main", "build_parser"]
@@ -56,10 +57,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     for line in manifest.get("warnings") or []:  # e.g. an engine whose version changed inside a run
         print(line, file=sys.stderr)
     for engine, t in (manifest.get("round_totals") or {}).items():
-        rate = t["output_tokens_per_s"]
-        print(f"round totals {engine}: {t['successes']}/{t['requests']} successful, {t['output_tokens']} output "
-              f"tokens, {'-' if rate is None else f'{rate:.1f}'} tok/s over the announced {t['announced_s']:.1f} s "
-              "(exact, from the counters)")
+        print(totals_line(engine, t))
     if manifest.get("no_series"):  # the files are written: they show the empty panels and the selector
         print(f"evidence: {manifest['no_series']} (files written to {args.out})", file=sys.stderr)
         return 3

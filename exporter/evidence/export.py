@@ -5,7 +5,9 @@ Writes, under the output directory:
 * ``data/<board>/<panel>.csv`` and ``.json``: the series of each panel query;
 * ``<board>.png``: the board in a light layout (matplotlib), the window on the figure;
 * ``grafana/<board>-<panel>.png``: Grafana's own rendering, with ``--grafana``;
-* ``EVIDENCE.md``: per panel the exact PromQL, the window (UTC and unix), the step, series
+* ``EVIDENCE.md``: per panel the exact PromQL (the boards' Grafana variables filled in: every value,
+  but ``$scenario`` of a scenario window, which is its scenario: :func:`scenario_filter`), the
+  window (UTC and unix), the step, series
   and point counts, gaps longer than two steps, NaN and empty-series counts, and the first
   and last sample times; how the exact counts were taken: inside the window, or, for a window
   shorter than two scrape intervals, once from the scrapes around it (:mod:`.counts`);
@@ -38,11 +40,11 @@ from .outdir import OutDirError, check_out, prepare_out
 from .promapi import MAX_POINTS, PromError, Prometheus, parse_duration
 from .render import render_board
 from .report import QueryEvidence, evidence_markdown, panel_kind
-from .totals import rate_note, round_totals, totals_lines
+from .totals import rate_mark, rate_note, round_totals, totals_lines
 from .windows import Window, WindowError, check_not_future, iso
 
 __all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError",
-           "grid_start", "DEFAULT_STEP_S"]
+           "grid_start", "DEFAULT_STEP_S", "scenario_filter", "regex_literal"]
 
 GRAFANA_TOKEN_ENV = "LLMBENCH_GRAFANA_TOKEN"
 TARGET_POINTS = 1500
@@ -83,6 +85,36 @@ def grid_start(window: Window, step: float) -> float:
     return window.end - math.floor(window.seconds / step + 1e-9) * step
 
 
+#: RE2's metacharacters (Prometheus' regex matchers): escaped with a backslash in a literal.
+_RE2_META = frozenset("\\.+*?()|[]^$")
+#: Characters written as ``\\x{..}`` instead: the selector's own punctuation (braces, commas, quotes).
+_AS_HEX = frozenset('{},"')
+
+
+def regex_literal(text: str) -> str:
+    """``text`` as a Prometheus regex matcher's value (inside its double quotes) that matches it
+    exactly: RE2's metacharacters escaped, a selector's punctuation and control characters as
+    ``\\x{..}``, then each backslash doubled for the PromQL string."""
+    pattern = "".join(f"\\{c}" if c in _RE2_META else f"\\x{{{ord(c):x}}}" if c in _AS_HEX or not c.isprintable()
+                      else c for c in text)
+    return pattern.replace("\\", "\\\\")
+
+
+def scenario_filter(window: Window) -> str | None:
+    """The scenario a ``scenario:NAME[#ROUND][:steady[:ENGINE]]`` window is of (its boards' ``$scenario``
+    then matches it only, as the board does with that scenario selected: scenarios run in the
+    same minutes stay out of its 1-minute rates); None for any other window (``$scenario``
+    matches every scenario)."""
+    if not window.spec.startswith("scenario:"):
+        return None
+    body = window.spec[len("scenario:"):]
+    if body.endswith(":steady"):
+        body = body[:-len(":steady")]
+    elif ":steady:" in body:
+        body = body.rpartition(":steady:")[0]
+    return body.partition("#")[0] or None
+
+
 def rate_window(scrape_s: float) -> str:
     """The catalogue's 1-minute window, widened when the scrape interval is too coarse for it."""
     need = 4 * scrape_s
@@ -90,14 +122,15 @@ def rate_window(scrape_s: float) -> str:
 
 
 def _evidence(prom: Prometheus, panel: Panel, window: Window, step: float, rw: str,
-              span: CountSpan | None) -> list[QueryEvidence]:
+              span: CountSpan | None, variables: dict[str, str] | None = None) -> list[QueryEvidence]:
     """Each query of the panel over the window's grid; with ``span`` (an exact-count panel of a
-    short window) once, at ``span.at`` over ``span.range_s``."""
+    short window) once, at ``span.at`` over ``span.range_s``.  ``variables``: Grafana variables that
+    match one value (``scenario``), the others match every value."""
     out = []
     range_s, first, last = (window.seconds, grid_start(window, step), window.end) if span is None else \
         (span.range_s, span.at, span.at)
     for q in panel.queries:
-        expr = expand(q.expr, range_s=range_s).replace(f"[{RATE_WINDOW}]", f"[{rw}]")
+        expr = expand(q.expr, range_s=range_s, **(variables or {})).replace(f"[{RATE_WINDOW}]", f"[{rw}]")
         ev = QueryEvidence(q.ref, expr, q.legend, span=span, first_bucket=first_bucket_bound(prom, expr, last))
         for s in prom.query_range(expr, first, last, step):
             times = [float(t) for t, _ in s["values"]]
@@ -194,7 +227,10 @@ def _sha256(path: Path) -> str:
 
 
 def _query_all(prom: Prometheus, boards: dict[str, Board], window: Window, step: float, rw: str,
-               span: CountSpan | None, progress: bool) -> dict[str, dict[str, list[QueryEvidence]]]:
+               span: CountSpan | None, progress: bool, scenario: str | None = None
+               ) -> dict[str, dict[str, list[QueryEvidence]]]:
+    """Every panel's evidence; ``scenario``: the scenario filter (:func:`scenario_filter`)."""
+    variables = {} if scenario is None else {"scenario": regex_literal(scenario)}
     results: dict[str, dict[str, list[QueryEvidence]]] = {}
     total = sum(len(b.panels) for b in boards.values())
     done = 0
@@ -202,7 +238,7 @@ def _query_all(prom: Prometheus, boards: dict[str, Board], window: Window, step:
         results[name] = {}
         for panel in board.panels:
             exact = panel_kind(panel) == "exact-count"
-            results[name][panel.key] = _evidence(prom, panel, window, step, rw, span if exact else None)
+            results[name][panel.key] = _evidence(prom, panel, window, step, rw, span if exact else None, variables)
             done += 1
             if progress:
                 sys.stderr.write(f"\rquerying panels {done}/{total}")
@@ -218,7 +254,7 @@ def _llmbench_jobs(prom: Prometheus, at: float, range_s: float) -> list[str]:
     return sorted({s["metric"].get("job", "") for s in prom.query(expr, at)})
 
 
-def _no_series(prom: Prometheus, window: Window, job: str | None) -> str:
+def _no_series(prom: Prometheus, window: Window, job: str | None, scenario: str | None = None) -> str:
     """Every panel of the proxies' boards empty: the selector used, and the jobs that do have the
     proxies' series (in the window, else now), in one line."""
     selector = job_selector(job)
@@ -235,7 +271,8 @@ def _no_series(prom: Prometheus, window: Window, job: str | None) -> str:
                  + (f" (it has them now under job {', '.join(repr(j) for j in now)})" if now else
                     " and that the backend scraped (or received) the exporter"))
     return (f"no samples in the window {iso(window.start)} to {iso(window.end)}: every panel of the proxies' "
-            f"boards is empty with the selector {{{selector}}}; {where}")
+            f"boards is empty with the selector {{{selector}}}"
+            + (f" and the scenario filter {scenario!r}" if scenario is not None else "") + f"; {where}")
 
 
 def proxy_panels_empty(boards: dict[str, Board], results: dict[str, dict[str, list[QueryEvidence]]],
@@ -258,27 +295,29 @@ def _grafana_token(grafana: str | None) -> str | None:
 
 
 def _write_all(out: Path, boards: dict[str, Board], results: dict[str, dict[str, list[QueryEvidence]]],
-               window: Window, step: float, rw: str, grafana: str | None, token: str | None) -> list[Path]:
+               window: Window, step: float, rw: str, grafana: str | None, token: str | None,
+               scenario: str | None = None, totals: bool = False) -> list[Path]:
+    """The data files and the PNG of each board (and Grafana's, with ``grafana``).  ``scenario``:
+    the scenario filter; ``totals``: the export has round totals (a rate panel's title points there)."""
     files: list[Path] = []
+    subtitle = f"step {step:g} s, rate window {rw}" + (f", scenario filter: {scenario}" if scenario else "")
     for b, panels in results.items():
         board = boards[b]
         for panel in board.panels:
             files += _write_data(out, b, panel, panels[panel.key], window, step)
         data = {key: [{**s, "ref": ev.ref} for ev in evs for s in ev.series] for key, evs in panels.items()}
+        marks = {p.key: m for p in board.panels
+                 if (m := rate_mark(p, window.seconds, parse_duration(rw), rw, totals)) is not None}
         files.append(render_board(board, data, (window.start, window.end), out / f"{b}.png",
-                                  subtitle=f"step {step:g} s, rate window {rw}"))
+                                  subtitle=subtitle, marks=marks))
         if grafana and token:
             files += _grafana(grafana, token, b, board, window, out)
     return files
 
 
-def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
-           grafana: str | None = None, progress: bool | None = None, force: bool = False,
-           job: str | None = None, records: Path | None = None) -> dict[str, Any]:
-    """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message.
-    ``job``: the proxies' Prometheus job (default: the mixin's); ``records``: their records directory
-    (its ``engines.jsonl`` names the engines and the proxy, else ``llmbench_engine_info`` does)."""
-    progress = sys.stderr.isatty() if progress is None else progress
+def _check_args(window: Window, out: Path, boards: list[str] | None, step: float | None, force: bool) -> list[str]:
+    """The boards to export; ExportError, before any query, for an unknown board, a window in the
+    future, an output directory in use and a bad ``--step``."""
     names = boards or list(BOARDS)
     unknown = [b for b in names if b not in BOARDS]
     if unknown:
@@ -289,7 +328,18 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     except (WindowError, OutDirError) as exc:
         raise ExportError(str(exc)) from None
     if step is not None:
-        choose_step(window, None, step)  # a bad --step is refused before any query
+        choose_step(window, None, step)
+    return names
+
+
+def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
+           grafana: str | None = None, progress: bool | None = None, force: bool = False,
+           job: str | None = None, records: Path | None = None) -> dict[str, Any]:
+    """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message.
+    ``job``: the proxies' Prometheus job (default: the mixin's); ``records``: their records directory
+    (its ``engines.jsonl`` names the engines and the proxy, else ``llmbench_engine_info`` does)."""
+    progress = sys.stderr.isatty() if progress is None else progress
+    names = _check_args(window, out, boards, step, force)
     token = _grafana_token(grafana)
     backend = prom.backend()
     if backend["name"] == "VictoriaMetrics":
@@ -300,18 +350,20 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     counts = exact_counts(window, intervals.get(job or MIXIN.job) or max(intervals.values(), default=step))
     every = boards_for(job)
     chosen = {name: every[name] for name in names}
-    results = _query_all(prom, chosen, window, step, rw, counts.span, progress)
-    no_series = _no_series(prom, window, job) if proxy_panels_empty(chosen, results, job) else None
-    totals = round_totals(prom, window, counts.scrape_s, job)
+    scenario = scenario_filter(window)
+    results = _query_all(prom, chosen, window, step, rw, counts.span, progress, scenario)
+    no_series = _no_series(prom, window, job, scenario) if proxy_panels_empty(chosen, results, job) else None
+    totals = round_totals(prom, window, counts.scrape_s, job, records=records)
     short_rates = rate_note(window.seconds, parse_duration(rw), rw)
     try:
         prepare_out(out, force)
     except OutDirError as exc:
         raise ExportError(str(exc)) from None
-    files = _write_all(out, chosen, results, window, step, rw, grafana, token)
+    files = _write_all(out, chosen, results, window, step, rw, grafana, token, scenario, totals is not None)
     md = out / "EVIDENCE.md"
     md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note,
                                     selector=job_selector(job), no_series=no_series, rate_note=short_rates,
+                                    scenario_filter=scenario,
                                     totals=None if totals is None else totals_lines(totals, window.spec)),
                   encoding="utf-8")
     files.append(md)
@@ -322,6 +374,7 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
                        "headers": prom.header_names, "scrape_intervals_s": intervals},
         "window": {"spec": window.spec, "source": window.source, "start": window.start, "end": window.end,
                    "start_utc": iso(window.start), "end_utc": iso(window.end), "run": window.run},
+        "scenario_filter": scenario,
         **({} if totals is None else {"round_totals": totals}),
         "rate_note": short_rates, "no_series": no_series,
         "step_s": step, "step_note": step_note, "grid_start": grid_start(window, step),

@@ -9,7 +9,7 @@ axis that shows them as flat, and series of one sign on an axis that includes ze
 markers, so it shows; a ``histogram_quantile(1, ...)`` drawn as what it is, the bound of the
 bucket that holds the max, never as a max, and never setting the axis; thresholds labelled in
 the legend and never stretching the axis; a panel with many label combinations (failure
-reasons) drawn as its top few and "other reasons".
+reasons) drawn as its top few and "other reasons"; a 1-minute rate over a shorter window marked.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dashboards.catalogue import ENGINE_COLORS, LINE_STYLES, Board, Panel  # noq
 
 from .stacking import stacked  # noqa: E402
 
-__all__ = ["render_board", "png_size", "top_series", "flat_limits", "time_ticks", "PX_PER_ROW", "WIDTH_PX", "DPI", "TOP_SERIES",
+__all__ = ["render_board", "panel_title", "png_size", "top_series", "flat_limits", "time_ticks", "PX_PER_ROW", "WIDTH_PX", "DPI", "TOP_SERIES",
            "OTHER_COLORS", "shade", "is_bucket_bound", "panel_units", "stat_lines"]
 
 DPI = 100
@@ -89,10 +89,7 @@ def time_ticks(start: float, end: float, most: int) -> list[float]:
 
 
 def _engine_color(name: str) -> str | None:
-    for engine, color in ENGINE_COLORS.items():
-        if name.startswith(engine):
-            return color
-    return None
+    return next((color for engine, color in ENGINE_COLORS.items() if name.startswith(engine)), None)
 
 
 def _total(s: dict[str, Any]) -> float:
@@ -322,8 +319,31 @@ def panel_units(panel: Panel) -> tuple[tuple[float, str], tuple[float, str] | No
     return left, right, f"{left[1]} left, {right[1]} right"
 
 
-def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[str, Any]], window: tuple[float, float]
-           ) -> None:
+#: A panel title's font; one too long for its cell shrinks, then loses its mark's ": see ..." tail.
+TITLE_FONT, TITLE_FONT_FIT, TITLE_FONT_MIN = 10.0, 8.5, 7.0
+
+
+def panel_title(panel: Panel, mark: str | None = None) -> str:
+    """The title as the PNG shows it: its unit, then ``mark`` (e.g. ``1m rate, window 56 s: see round totals``)."""
+    unit = panel_units(panel)[2] if panel.kind != "stat" else _UNIT_SCALE.get(panel.unit, (1.0, panel.unit))[1]
+    return panel.title + (f" ({unit})" if unit else "") + (f" — {mark}" if mark else "")
+
+
+def _title(fig: Any, ax: Any, panel: Panel, mark: str | None, right_px: float) -> None:
+    """The panel's title, ending left of ``right_px`` (where the next panel's starts): in a smaller font
+    where it must, else without its mark's tail in a smaller one still (at least :data:`TITLE_FONT_MIN`)."""
+    renderer, short = fig.canvas.get_renderer(), mark and (mark.rpartition(": ")[0] or mark)
+    for text, size, smallest in ((mark, TITLE_FONT, TITLE_FONT_FIT), (short, TITLE_FONT_FIT, TITLE_FONT_MIN)):
+        title = ax.set_title(panel_title(panel, text), fontsize=size, loc="left")
+        while title.get_window_extent(renderer).x1 > right_px and size - 0.5 >= smallest:
+            size -= 0.5
+            title.set_fontsize(size)
+        if title.get_window_extent(renderer).x1 <= right_px:
+            return
+
+
+def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[str, Any]], window: tuple[float, float],
+           mark: str | None = None) -> None:
     import datetime as dt
 
     timeseries = panel.kind != "stat"
@@ -332,9 +352,9 @@ def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[s
     if not timeseries:  # no tick labels under a stat: its values take that room too
         rect = (rect[0], rect[1] - 24 / h, rect[2], rect[3] + 24 / h)
     ax = fig.add_axes(rect)
-    (scale, unit), right, title_unit = panel_units(panel) if timeseries else (
-        _UNIT_SCALE.get(panel.unit, (1.0, panel.unit)), None, _UNIT_SCALE.get(panel.unit, (1.0, panel.unit))[1])
-    ax.set_title(f"{panel.title}" + (f" ({title_unit})" if title_unit else ""), fontsize=10, loc="left")
+    (scale, unit), right, _ = panel_units(panel) if timeseries else (
+        _UNIT_SCALE.get(panel.unit, (1.0, panel.unit)), None, "")
+    _title(fig, ax, panel, mark, (20 + (pos.x + pos.w) / 24 * (w - 40) - 8) * fig.dpi / DPI)
     if not timeseries:
         _stat(ax, series, scale, unit)
         return
@@ -357,9 +377,9 @@ def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[s
 
 
 def render_board(board: Board, data: dict[str, list[dict[str, Any]]], window: tuple[float, float],
-                 out: Path, subtitle: str = "") -> Path:
+                 out: Path, subtitle: str = "", marks: dict[str, str] | None = None) -> Path:
     """``data``: panel key -> series ``[{"name", "times" (unix s), "values", "ref"}]`` (``ref``: the
-    panel query's, which tells the axis)."""
+    panel query's, which tells the axis); ``marks``: panel key -> what its title adds (:func:`panel_title`)."""
     import datetime as dt
 
     w, h = png_size(board)
@@ -373,7 +393,7 @@ def render_board(board: Board, data: dict[str, list[dict[str, Any]]], window: tu
     for title, y in row_positions(board):
         fig.text(20 / w, 1 - (HEADER_PX + y * PX_PER_ROW + 22) / h, title, fontsize=12, fontweight="bold")
     for panel, pos in zip(board.panels, layout(board)):
-        _panel(fig, panel, pos, w, h, data.get(panel.key, []), window)
+        _panel(fig, panel, pos, w, h, data.get(panel.key, []), window, (marks or {}).get(panel.key))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI, facecolor="white")
     plt.close(fig)

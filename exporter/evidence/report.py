@@ -13,7 +13,7 @@ from exporter import __version__
 from .counts import CountSpan
 from .windows import Window, iso
 
-__all__ = ["QueryEvidence", "evidence_markdown", "panel_kind", "below_first_bucket", "RATE_NOTE"]
+__all__ = ["QueryEvidence", "evidence_markdown", "panel_kind", "below_first_bucket", "RATE_NOTE", "scenario_line"]
 
 RATE_NOTE = ("Panels built on `rate()` (marked *rate*) are computed by the backend's own query engine: "
              "VictoriaMetrics' MetricsQL does not extrapolate `rate()`/`increase()` to the window's edges "
@@ -60,8 +60,19 @@ def _backend_line(backend: dict[str, Any]) -> str:
     return text + f"; llm-bench-exporter {__version__}"
 
 
+def scenario_line(scenario: str | None) -> str:
+    """The header's line on the boards' ``$scenario``: the scenario of a scenario window, else every one."""
+    if scenario is None:
+        return ("- Scenario filter: none: the boards' `$scenario` matches every scenario (`.*`); a "
+                "`scenario:NAME` window filters by its scenario")
+    return (f"- Scenario filter: `{scenario}`: the boards' `$scenario` matches this window's scenario only, as the "
+            "board does with it selected, so other scenarios run in the same minutes (inside a 1-minute rate) are "
+            "left out; the gauge panels without `$scenario` (requests in flight, the engines' and GPUs' own "
+            "series) show everything")
+
+
 def _header(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,
-            counts_note: str, selector: str) -> list[str]:
+            counts_note: str, selector: str, scenario: str | None = None) -> list[str]:
     lines = [
         "# Monitoring evidence", "",
         f"- Window: {iso(window.start)} to {iso(window.end)} (unix {window.start:.3f} to {window.end:.3f}, "
@@ -71,6 +82,7 @@ def _header(window: Window, step: float, step_note: str, rw: str, backend: dict[
         f"- Rate window: {rw}" + ("" if rw == RATE_WINDOW else f" (widened from {RATE_WINDOW} for the scrape interval)"),
         _backend_line(backend),
         f"- Query API: {url}; the proxies' series selected by `{{{selector}}}` (`evidence export --job`)",
+        scenario_line(scenario),
     ]
     if backend.get("name") != "Prometheus":
         lines.append(f"- Note: {RATE_NOTE}")
@@ -125,10 +137,12 @@ def _query_lines(ev: QueryEvidence) -> list[str]:
 def evidence_markdown(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,
                       results: dict[str, dict[str, list[QueryEvidence]]], counts_note: str,
                       selector: str = MIXIN.job_selector, *, no_series: str | None = None,
-                      totals: list[str] | None = None, rate_note: str | None = None) -> str:
+                      totals: list[str] | None = None, rate_note: str | None = None,
+                      scenario_filter: str | None = None) -> str:
     """``no_series``: why every panel of the proxies' boards is empty; ``totals``: the round totals
-    section; ``rate_note``: what each rate panel says when the window is shorter than its rate window."""
-    lines = _header(window, step, step_note, rw, backend, url, counts_note, selector)
+    section; ``rate_note``: what each rate panel says when the window is shorter than its rate window;
+    ``scenario_filter``: the scenario the boards' ``$scenario`` matched (None: every one)."""
+    lines = _header(window, step, step_note, rw, backend, url, counts_note, selector, scenario_filter)
     if no_series:
         lines += [f"**No series: {no_series}**", ""]
     if rate_note:

@@ -13,10 +13,15 @@ from typing import Any
 
 import pytest
 
+from dashboards.catalogue import BOARDS, PANELS
 from exporter.evidence import cli as evidence_cli
+from exporter.evidence import export as export_module
+from exporter.evidence import render
+from exporter.evidence import totals as totals_module
 from exporter.evidence.cli import main as evidence_main
 from exporter.evidence.counts import covering
-from exporter.evidence.windows import WindowError, parse_window
+from exporter.evidence.report import panel_kind
+from exporter.evidence.windows import Window, WindowError, parse_window
 
 RUN_1, RUN_2 = "20261201T090000Z-aaaaaa", "20261201T100000Z-bbbbbb"
 NOW = time.time()
@@ -38,6 +43,7 @@ class FakeProm:
         self.jobs = jobs or []
         self.extra_params: dict[str, str] = {}
         self.asked: list[tuple[str, float | None]] = []
+        self.ranged: list[str] = []  # the range queries asked
 
     def backend(self) -> dict[str, Any]:
         return {"name": "Prometheus", "version": "3.1.0", "revision": "test", "how": "status/buildinfo"}
@@ -58,6 +64,7 @@ class FakeProm:
         return []
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        self.ranged.append(expr)
         for key, value in self.ranges.items():
             if key in expr:
                 return [{"metric": {"engine": "vllm"}, "values": [[start, str(value)], [end, str(value)]]}]
@@ -218,3 +225,168 @@ def test_one_round_window_gives_round_totals_from_the_counters(tmp_path: Path, f
     long = json.loads((tmp_path / "long" / "manifest.json").read_text())
     assert "round_totals" not in long and long["rate_note"] is None
     assert "Drawn from" not in (tmp_path / "long" / "EVIDENCE.md").read_text()
+
+
+def _timed(run: str, t0: float, n: int, gap_s: float, e2e_s: float = 2.0, tokens: int = 128,
+           scenario: str = "short-c4", engine: str = "vllm", failed: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    """``n`` requests of round 1, one every ``gap_s`` from ``t0``, each ``e2e_s`` long; those at
+    ``failed`` failed (no tokens)."""
+    return [{"id": f"{run}-{engine}-{scenario}-{i}", "run_id": run, "engine": engine, "scenario": scenario, "round": 1,
+             "start_unix": t0 + i * gap_s, "e2e_s": e2e_s, "ttft_s": 0.1, "tpot_s": 0.01,
+             "completion_tokens": None if i in failed else tokens,
+             "outcome": "failure" if i in failed else "success", "reason": "empty_text" if i in failed else None}
+            for i in range(n)]
+
+
+def _counters(tokens: float, ok: float, requests: float) -> dict[str, dict[str, float]]:
+    """The stand-in's answers to round totals' counter queries for vLLM's short-c4."""
+    sel = 'job="llmbench-exporter", scenario="short-c4", engine="vllm"'
+    return {f'llmbench_output_tokens_total{{{sel}, outcome="success"}}': {"vllm": tokens},
+            f'llmbench_requests_total{{{sel}, outcome="success"}}': {"vllm": ok},
+            f"llmbench_requests_total{{{sel}}}": {"vllm": requests}}
+
+
+def test_round_totals_add_the_requests_span_of_the_records(tmp_path: Path, fake: FakeProm,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The quick start's round: announced for 16 s (the bench client's start-up and exit inside), its
+    requests over 5 s; `vllm bench serve` and `evidence summarize` said 1627.9 and 1636 tok/s, the
+    export only 513.2 over the announced span."""
+    events = [_event(RUN_1, T0, "short-c4", 1, ("vllm", "sglang")), _event(RUN_1, T0 + 16, None, None, ("vllm", "sglang"))]
+    # round 1 of run 1 (one failure: it stays in the span), and round 1 of another run that must not mix
+    recs = _timed(RUN_1, T0 + 9, 7, 0.5, failed=(3,)) + _timed(RUN_2, T0 + 200, 4, 1.0)
+    d = _records(tmp_path / "run", events + [_event(RUN_2, T0 + 199, "short-c8", 1), _event(RUN_2, T0 + 210, None, None)],
+                 recs)
+    fake.ranges = {'job="llmbench-exporter"': 1.0}
+    fake.counts = {**_counters(768, 6, 7), 'scenario="short-c4", engine="sglang"': {"sglang": 0.0}}
+    out = tmp_path / "ev"
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
+                          "--out", str(out), "--boards", "comparison"]) == 0
+    totals = json.loads((out / "manifest.json").read_text())["round_totals"]
+    v = totals["vllm"]
+    mine = [r for r in recs if r["run_id"] == RUN_1]
+    first, last = min(r["start_unix"] for r in mine), max(r["start_unix"] + r["e2e_s"] for r in mine)
+    tokens = sum(r["completion_tokens"] for r in mine if r["outcome"] == "success")
+    assert (first, last, tokens) == (T0 + 9, T0 + 14, 768)
+    assert v["requests_span_s"] == pytest.approx(last - first) and v["output_tokens_per_s_requests"] == pytest.approx(
+        tokens / (last - first))
+    assert (v["requests_first_start"], v["requests_last_end"]) == (pytest.approx(first), pytest.approx(last))
+    assert (v["records_requests"], v["records_output_tokens"], v["spans_differ"]) == (7, 768, True)
+    assert v["output_tokens_per_s"] == pytest.approx(768 / 16)  # the SPEC's figure is kept
+    assert totals["sglang"]["requests_span_s"] is None and totals["sglang"]["spans_differ"] is None
+    md = (out / "EVIDENCE.md").read_text()
+    row = next(x for x in md.splitlines() if x.startswith("| vllm |"))
+    assert row.startswith("| vllm | 7 | 6 | 768 | 48.0 | 16.000 s from") and "| 5.000 s | 153.6 |" in row
+    assert "| sglang |" in md and "| no records | - |" in md
+    assert "evidence summarize" in md and "bench client" in md
+    assert "For vllm the announced span (16.0 s) is 3.2 times its requests' span (5.0 s)" in md and "start-up" in md
+    line = totals_module.totals_line("vllm", v)
+    assert line.startswith("round totals vllm: ") and "48.0 tok/s over the announced 16.0 s" in line
+    assert "153.6 tok/s over its requests' 5.0 s (records" in line
+    # without --records (the gauges give the window): no such fields, the line as before
+    bare = {k: x for k, x in v.items() if k in ("requests", "successes", "output_tokens", "output_tokens_per_s",
+                                              "announced_s")}
+    assert totals_module.totals_line("vllm", bare).endswith("over the announced 16.0 s (exact, from the counters)")
+    capsys.readouterr()
+
+
+def test_spans_within_20_percent_get_no_sentence(tmp_path: Path, fake: FakeProm) -> None:
+    events = [_event(RUN_1, T0, "short-c4", 1), _event(RUN_1, T0 + 5.5, None, None)]
+    d = _records(tmp_path / "run", events, _timed(RUN_1, T0 + 0.2, 6, 0.6, e2e_s=2.0))  # 5.0 s of requests
+    fake.ranges = {'job="llmbench-exporter"': 1.0}
+    fake.counts = _counters(768, 6, 6)
+    out = tmp_path / "ev"
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
+                          "--out", str(out), "--boards", "comparison"]) == 0
+    v = json.loads((out / "manifest.json").read_text())["round_totals"]["vllm"]
+    assert v["requests_span_s"] == pytest.approx(5.0) and v["spans_differ"] is False
+    md = (out / "EVIDENCE.md").read_text()
+    assert "tok/s over the requests' span" in md and "start-up (loading" not in md
+
+
+def test_a_scenario_window_fills_scenario_on_every_board_query(tmp_path: Path, fake: FakeProm) -> None:
+    """The user's `scenario:short-c32#1` showed the lines of the scenarios run in the minute before:
+    `$scenario` was `.*`."""
+    events = [_event(RUN_1, T0, "short.c4", 1), _event(RUN_1, T0 + 8, None, None)]
+    d = _records(tmp_path / "run", events)
+    fake.ranges = {'job="llmbench-exporter"': 1.0}
+    out = tmp_path / "ev"
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short.c4#1",
+                          "--out", str(out), "--boards", "comparison", "internals"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["scenario_filter"] == "short.c4"
+    with_var = [e for e in fake.ranged if "scenario" in e]
+    # every proxy query of the comparison board carries $scenario: all filtered, the dot escaped
+    n = sum(len(p.queries) for p in BOARDS["comparison"].panels if "$scenario" in " ".join(p.exprs)) - sum(
+        len(p.queries) for p in BOARDS["comparison"].panels if panel_kind(p) == "exact-count")
+    assert len(with_var) >= n > 0 and all('scenario=~"short\\\\.c4"' in e for e in with_var), with_var[:2]
+    throughput = json.loads((out / "data" / "comparison" / "throughput.json").read_text())
+    assert 'scenario=~"short\\\\.c4"' in throughput["queries"][0]["expr"]
+    md = (out / "EVIDENCE.md").read_text()
+    assert "- Scenario filter: `short.c4`" in md
+    # the round totals keep their own selector: the scenario exactly
+    assert any('scenario="short.c4"' in e and "llmbench_requests_total" in e for e, _ in fake.asked)
+    # a window of another form: every scenario
+    fake.ranged.clear()
+    assert evidence_main(["export", "--prometheus", fake.url, "--window", f"{T0:.0f},{T0 + 8:.0f}",
+                          "--out", str(tmp_path / "plain"), "--boards", "comparison"]) == 0
+    assert fake.ranged and not any("scenario" in e for e in fake.ranged)
+    plain = json.loads((tmp_path / "plain" / "manifest.json").read_text())
+    assert plain["scenario_filter"] is None
+    assert "- Scenario filter: none" in (tmp_path / "plain" / "EVIDENCE.md").read_text()
+
+
+@pytest.mark.parametrize("spec, name", [
+    ("scenario:short-c32", "short-c32"), ("scenario:short-c32#1", "short-c32"),
+    ("scenario:short-c32#1:steady", "short-c32"), ("scenario:short-c32#2:steady:vllm", "short-c32"),
+    ("last:5m", None), ("1,2", None)])
+def test_the_scenario_of_a_window(spec: str, name: str | None) -> None:
+    assert export_module.scenario_filter(Window(0.0, 1.0, spec)) == name
+
+
+def test_a_scenario_name_is_matched_literally() -> None:
+    import re
+
+    regex_literal = export_module.regex_literal
+    assert regex_literal("short-c32") == "short-c32"
+    for name in ("a.b", "in(24k)+c32", "x|y", 'q"uote', "br{1},ce", "back\\slash", "$dollar^", "tab\tname"):
+        value = regex_literal(name)
+        # nothing that ends the string or splits the selector: no quote, comma or brace but in \\x{..}
+        assert not set('",{}') & set(re.sub(r"\\\\x\{[0-9a-f]+\}", "", value)), value
+        # the string's value (backslashes halved), with RE2's \x{..} as Python's re spells it: the name only
+        pattern = re.sub(r"\\x\{([0-9a-f]+)\}", lambda m: re.escape(chr(int(m.group(1), 16))),
+                         value.replace("\\\\", "\\"))
+        assert re.fullmatch(pattern, name) and not re.fullmatch(pattern, name + "x"), (name, value, pattern)
+
+
+def test_png_titles_mark_rate_panels_over_a_shorter_window(tmp_path: Path, fake: FakeProm,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The boards users paste into reports: the title a rate panel is drawn with says it is a 1m rate
+    over a shorter window, and where the window's figure is."""
+    given: list[tuple[str, dict[str, str]]] = []
+    real = export_module.render_board
+
+    def spy(board: Any, data: Any, window: Any, out: Path, subtitle: str = "", marks: Any = None) -> Path:
+        given.append((board.uid, dict(marks or {})))
+        return real(board, data, window, out, subtitle=subtitle, marks=marks)
+
+    monkeypatch.setattr(export_module, "render_board", spy)
+    events = [_event(RUN_1, T0, "short-c4", 1), _event(RUN_1, T0 + 56.4, None, None)]
+    d = _records(tmp_path / "run", events)
+    fake.ranges = {'job="llmbench-exporter"': 1.0}
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
+                          "--out", str(tmp_path / "ev"), "--boards", "comparison"]) == 0
+    (_, marks), = given
+    panels = BOARDS["comparison"].panels
+    assert set(marks) == {p.key for p in panels if panel_kind(p) == "rate"}
+    assert render.panel_title(PANELS["throughput"], marks["throughput"]) == \
+        "Successful output throughput (tok/s) — 1m rate, window 56 s: see round totals"
+    assert render.panel_title(PANELS["ttft_p95"], marks["ttft_p95"]) == "TTFT P95 (s) — 1m rate, window 56 s: see evidence summarize"
+    assert render.panel_title(PANELS["in_flight"]) == "Requests in flight"
+    assert totals_module.TOTALS_PANELS <= set(PANELS)
+    # no round totals (no one round): the throughput points at the records
+    assert totals_module.rate_mark(PANELS["throughput"], 8.25, 60, "1m", False) == "1m rate, window 8.2 s: see evidence summarize"
+    # a window as long as the rate window: no mark
+    given.clear()
+    assert evidence_main(["export", "--prometheus", fake.url, "--window", f"{T0:.0f},{T0 + 60:.0f}",
+                          "--out", str(tmp_path / "long"), "--boards", "comparison"]) == 0
+    assert given == [(BOARDS["comparison"].uid, {})]
