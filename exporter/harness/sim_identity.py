@@ -5,7 +5,8 @@
   ``GET /server_info`` with its config (``{"vllm_config": {...}}``);
 * ``--profile sglang``: ``GET /server_info`` and the older ``/get_server_info`` (every server
   argument, the scheduler's figures, ``internal_states`` and ``version``), ``GET /model_info``
-  (``/get_model_info``) and ``GET /v1/models``.
+  (``/get_model_info``), ``GET /v1/models`` and ``GET /ready`` (SGLang's readiness, which the
+  proxy probes once it knows the engine is SGLang).
 
 The version is ``sim-`` and this package's version, so that a report never passes a simulator
 off as the engine itself; the arguments are the real engine's names for what the simulator
@@ -88,3 +89,8 @@ def add_identity_routes(app: web.Application, params: SimParams) -> None:
         app.router.add_get(path, _json(_sglang_server_info, params))
     for path in ("/model_info", "/get_model_info"):
         app.router.add_get(path, _json(_sglang_model_info, params))
+    app.router.add_get("/ready", _ready)  # SGLang's readiness (its /health generates a token)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    return web.Response(status=200)

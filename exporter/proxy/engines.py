@@ -6,7 +6,11 @@ all its workers) asks the engine, through the proxy's own upstream client
 
 * ``GET /health`` at most once a second: an answer below 500 is up; a refused or broken
   connection, a 5xx or no answer within :data:`HEALTH_TIMEOUT_S` is down, so an engine that
-  stops answering reads down within 5 s;
+  stops answering reads down within 5 s.  Once an engine is known to be SGLang, ``GET /ready``
+  instead: SGLang's ``/health`` runs a one-token generation through its scheduler (and waits a
+  second for it), a request of the proxy's own in the batch it measures; ``/ready`` answers from
+  the server's state (503 while starting or shutting down).  An SGLang without ``/ready`` (404)
+  is probed on ``/health`` again;
 * what it is, at start and whenever it comes back after being down: SGLang answers
   ``GET /server_info`` (``/get_server_info`` in older builds: its version and every server
   argument) and ``GET /model_info``; vLLM ``GET /version`` (and, started with
@@ -124,6 +128,7 @@ class EngineView:
     ready_from: str | None = None  # "process_start" or "down_seen"
     restarts: int = 0  # down, then up again, seen by the proxy
     detail: str | None = None  # why the last probe found it down
+    health_path: str = field(default="/health", repr=False)  # "/ready" once known as an SGLang that has it
 
     def public(self) -> dict[str, Any]:
         keys = ("name", "upstream", "up", "kind", "version", "model", "root", "max_model_len", "server_args",
@@ -265,7 +270,7 @@ class EngineWatch:
             if view.name in self._to_ask and (job is None or job.done()):
                 self._jobs[view.name] = asyncio.get_running_loop().create_task(self._ask(view, now))
         elif view.up or view.down_since is None:
-            self._went_down(view, now, detail if status is None else f"HTTP {status} on /health")
+            self._went_down(view, now, detail if status is None else f"HTTP {status} on {view.health_path}")
 
     async def get(self, view: EngineView, path: str, timeout_s: float = IDENTITY_TIMEOUT_S) -> tuple[int, bytes] | None:
         """``GET path`` on the engine: (status, body), or None with no answer."""
@@ -290,7 +295,10 @@ class EngineWatch:
         return resp.status, body
 
     async def _health(self, view: EngineView) -> tuple[int | None, str | None]:
-        status, body = await self._fetch(view, "/health", HEALTH_TIMEOUT_S)
+        status, body = await self._fetch(view, view.health_path, HEALTH_TIMEOUT_S)
+        if status == 404 and view.health_path != "/health":  # an SGLang older than /ready
+            view.health_path = "/health"
+            status, body = await self._fetch(view, view.health_path, HEALTH_TIMEOUT_S)
         return status, body if isinstance(body, str) else None
 
     async def _json_get(self, view: EngineView, path: str, answered: list[bool]) -> Any:
@@ -323,6 +331,7 @@ class EngineWatch:
         changed = found != view.identity() or view.name not in self._identified
         for key, value in found.items():
             setattr(view, key, value)
+        view.health_path = "/ready" if view.kind == "sglang" else "/health"
         view.identified_at = now
         self._identified.add(view.name)
         self._to_ask.discard(view.name)

@@ -80,6 +80,10 @@ def test_the_real_sglang_says_what_it_is(tmp_path: Path) -> None:
         e = _until(lambda: (x := s.engines()["sglang"])["kind"] == "sglang" and x, 60)
         info = requests.get(f"{server.url}/server_info", timeout=30).json()
         text = requests.get(f"{url}/metrics", timeout=10).text
+        # once known as SGLang it is probed on /ready: its /health would run a generation
+        log = _until(lambda: (x := server.log_path.read_text(errors="replace")).count('"GET /ready ') >= 2 and x, 30)
+    after = log[log.index('"GET /ready '):]
+    assert '"GET /health ' not in after, after[-2000:]
     assert (e["up"], e["version"], e["model"], e["root"]) == (True, info["version"], "tiny", str(model))
     assert isinstance(e["max_model_len"], int) and e["max_model_len"] > 0
     args = e["server_args"]

@@ -259,3 +259,36 @@ async def test_each_simulator_answers_its_own_engines_identity_routes(aiohttp_cl
         assert "api_key" in info and "internal_states" in info
     for path in ("/model_info", "/get_model_info"):
         assert (await (await sglang.get(path)).json())["is_generation"] is True
+
+
+async def test_an_sglang_is_probed_on_ready_not_on_its_generating_health(unused_tcp_port: int, aiohttp_client: Any,
+                                                                        tmp_path: Path) -> None:
+    """SGLang's /health runs a one-token generation through its scheduler: once the proxy knows
+    an engine is SGLang it probes /ready, so that no request of its own joins the measured batch."""
+    paths: list[str] = []
+
+    def sim() -> web.Application:
+        app = create_sim_app(PROFILES["sglang"])
+
+        @web.middleware
+        async def seen(request: web.Request, handler: Any) -> web.StreamResponse:
+            paths.append(request.path)
+            return await handler(request)
+
+        app.middlewares.append(seen)
+        return app
+
+    engine = await AppOnPort(sim, unused_tcp_port).start()
+    try:
+        client = await aiohttp_client(create_app(_config(tmp_path, {"sglang": unused_tcp_port})))
+        await eventually(lambda: _identified(client, "sglang"))
+        known = len(paths)
+        await eventually(lambda: _after(paths, known, "/ready", 2), timeout_s=6)
+    finally:
+        await engine.stop()
+    probes = [p for p in paths[known:] if p in ("/health", "/ready")]
+    assert probes and set(probes) == {"/ready"}, paths
+
+
+async def _after(paths: list[str], start: int, path: str, n: int) -> bool | None:
+    return True if paths[start:].count(path) >= n else None
