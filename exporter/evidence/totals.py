@@ -26,9 +26,10 @@ of that engine, in the window's run), which is the span a bench client's duratio
 ``requests_span_s`` (first arrival to last end), ``requests_first_start`` / ``requests_last_end``
 (unix), ``records_requests`` (records of the round, every outcome), ``records_output_tokens`` (of
 its successful records), ``output_tokens_per_s_requests`` (those tokens over ``requests_span_s``:
-``evidence summarize``'s whole-round ``output_throughput_tok_s``) and ``spans_differ`` (the two
-spans differ by more than :data:`SPAN_DIFFERS` of the requests' span); all None for an engine with
-no record of the round.
+``evidence summarize``'s whole-round ``output_throughput_tok_s``), ``spans_differ`` (the two
+spans differ by more than :data:`SPAN_DIFFERS` of the requests' span) and ``counts_differ`` (the
+counters' scrape-to-scrape span took in requests the round's records do not hold: a neighbouring
+round of the same scenario); all None for an engine with no record of the round.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ __all__ = ["one_round", "round_totals", "totals_lines", "totals_line", "rate_not
 FIGURES = ("requests", "successes", "output_tokens", "output_tokens_per_s")
 #: the figures of each engine from the records (``--records``): the round over its requests' own span
 RECORDS_FIGURES = ("requests_span_s", "requests_first_start", "requests_last_end", "records_requests",
-                   "records_output_tokens", "output_tokens_per_s_requests", "spans_differ")
+                   "records_output_tokens", "output_tokens_per_s_requests", "spans_differ", "counts_differ")
 #: the announced span and the requests' span "differ" beyond this share of the requests' span
 SPAN_DIFFERS = 0.20
 _ROUND = re.compile(r"^scenario:(?P<name>[^#]+)#(?P<round>\d+)$")
@@ -154,6 +155,7 @@ def round_totals(prom: Prometheus, window: Window, scrape_s: float, job: str | N
             fig = by_engine.get(eng) or {}
             t.update({key: fig.get(key) for key in RECORDS_FIGURES})
             t["spans_differ"] = _spans_differ(t["announced_s"], t["requests_span_s"])
+            t["counts_differ"] = t["records_requests"] is not None and t["records_requests"] != t["requests"]
     return out
 
 
@@ -170,8 +172,20 @@ def totals_line(engine: str, t: Mapping[str, Any]) -> str:
         return line
     if t["requests_span_s"] is None:
         return line + "; no records of it in the round (records)"
+    if t.get("counts_differ"):
+        line = line.replace("(exact, from the counters)", "(from the counters, scrape to scrape)")
+        line += (f"; the round itself is {t['records_requests']} requests and {t['records_output_tokens']} output "
+                 f"tokens (records: the counters' span took in requests of a neighbouring round)")
     return (line + f"; {_num(t['output_tokens_per_s_requests'], '.1f')} tok/s over its requests' "
             f"{t['requests_span_s']:.1f} s (records, as evidence summarize and a bench client count it)")
+
+
+def _why_counts_differ(engine: str, t: Mapping[str, Any]) -> str:
+    """One sentence on why an engine's counters and its records count the round differently."""
+    return (f"For {engine} the counters count {t['requests']} requests and the records {t['records_requests']}: "
+            "counters are known at scrapes only, and requests of the same scenario that ended between the round's "
+            "end and the next scrape (its next round, run back to back) or before its start are in the counters' "
+            "span; the records' figures are the round's own.")
 
 
 def _why_spans_differ(engine: str, t: Mapping[str, Any]) -> str:
@@ -226,6 +240,7 @@ def totals_lines(totals: dict[str, dict[str, Any]], spec: str) -> list[str]:
               "`evidence summarize` gives for the whole round, and the one to compare with a bench client's "
               "(`vllm bench serve` divides by its own duration, from its first request to its last answer).", ""]
     why = [_why_spans_differ(engine, t) for engine, t in totals.items() if t.get("spans_differ")]
+    why += [_why_counts_differ(engine, t) for engine, t in totals.items() if t.get("counts_differ")]
     return lines + ([" ".join(why), ""] if why else [])
 
 

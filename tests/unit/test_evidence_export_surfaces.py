@@ -390,3 +390,31 @@ def test_png_titles_mark_rate_panels_over_a_shorter_window(tmp_path: Path, fake:
     assert evidence_main(["export", "--prometheus", fake.url, "--window", f"{T0:.0f},{T0 + 60:.0f}",
                           "--out", str(tmp_path / "long"), "--boards", "comparison"]) == 0
     assert given == [(BOARDS["comparison"].uid, {})]
+
+
+def test_counters_that_took_in_a_neighbouring_round_say_so(tmp_path: Path, fake: FakeProm,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`load` runs a cell's rounds back to back: the counters, known at scrapes, count round 1 up to
+    the scrape after its end and so take in round 2's first answers (96 where the round had 64, seen
+    on the real vLLM). The line no longer calls that exact: it gives the records' figures beside."""
+    events = [_event(RUN_1, T0, "short-c4", 1), _event(RUN_1, T0 + 6, "short-c4", 2), _event(RUN_1, T0 + 12, None, None)]
+    d = _records(tmp_path / "run", events, _timed(RUN_1, T0 + 0.2, 6, 0.5, e2e_s=2.0))
+    fake.ranges = {'job="llmbench-exporter"': 1.0}
+    fake.counts = _counters(1152, 9, 9)  # three of round 2 ended before the scrape after round 1's end
+    out = tmp_path / "ev"
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
+                          "--out", str(out), "--boards", "comparison"]) == 0
+    printed = capsys.readouterr().out
+    v = json.loads((out / "manifest.json").read_text())["round_totals"]["vllm"]
+    assert (v["requests"], v["records_requests"], v["records_output_tokens"], v["counts_differ"]) == (9, 6, 768, True)
+    line = next(x for x in printed.splitlines() if x.startswith("round totals vllm: "))
+    assert "(exact, from the counters)" not in line and "(from the counters, scrape to scrape)" in line
+    assert "the round itself is 6 requests and 768 output tokens (records" in line
+    md = (out / "EVIDENCE.md").read_text()
+    assert "For vllm the counters count 9 requests and the records 6" in md
+    # counts that agree: no such words
+    fake.counts = _counters(768, 6, 6)
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
+                          "--out", str(tmp_path / "ev2"), "--boards", "comparison"]) == 0
+    again = json.loads((tmp_path / "ev2" / "manifest.json").read_text())["round_totals"]["vllm"]
+    assert again["counts_differ"] is False and "(exact, from the counters)" in capsys.readouterr().out
