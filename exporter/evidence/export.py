@@ -40,7 +40,7 @@ from .outdir import OutDirError, check_out, prepare_out
 from .promapi import MAX_POINTS, PromError, Prometheus, parse_duration
 from .render import render_board
 from .report import QueryEvidence, evidence_markdown, panel_kind
-from .totals import rate_mark, rate_note, round_totals, totals_lines
+from .totals import rate_mark, rate_note, round_totals, shortest_span, totals_lines
 from .windows import Window, WindowError, check_not_future, iso
 
 __all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError",
@@ -296,7 +296,7 @@ def _grafana_token(grafana: str | None) -> str | None:
 
 def _write_all(out: Path, boards: dict[str, Board], results: dict[str, dict[str, list[QueryEvidence]]],
                window: Window, step: float, rw: str, grafana: str | None, token: str | None,
-               scenario: str | None = None, totals: bool = False) -> list[Path]:
+               scenario: str | None = None, totals: bool = False, short: tuple[float, str] | None = None) -> list[Path]:
     """The data files and the PNG of each board (and Grafana's, with ``grafana``).  ``scenario``:
     the scenario filter; ``totals``: the export has round totals (a rate panel's title points there)."""
     files: list[Path] = []
@@ -306,8 +306,8 @@ def _write_all(out: Path, boards: dict[str, Board], results: dict[str, dict[str,
         for panel in board.panels:
             files += _write_data(out, b, panel, panels[panel.key], window, step)
         data = {key: [{**s, "ref": ev.ref} for ev in evs for s in ev.series] for key, evs in panels.items()}
-        marks = {p.key: m for p in board.panels
-                 if (m := rate_mark(p, window.seconds, parse_duration(rw), rw, totals)) is not None}
+        span, what = short or (window.seconds, "window")
+        marks = {p.key: m for p in board.panels if (m := rate_mark(p, span, parse_duration(rw), rw, totals, what))}
         files.append(render_board(board, data, (window.start, window.end), out / f"{b}.png",
                                   subtitle=subtitle, marks=marks))
         if grafana and token:
@@ -354,12 +354,13 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     results = _query_all(prom, chosen, window, step, rw, counts.span, progress, scenario)
     no_series = _no_series(prom, window, job, scenario) if proxy_panels_empty(chosen, results, job) else None
     totals = round_totals(prom, window, counts.scrape_s, job, records=records)
-    short_rates = rate_note(window.seconds, parse_duration(rw), rw)
+    short = shortest_span(window.seconds, totals)  # a round shorter than the window holding it
+    short_rates = rate_note(*short[:1], parse_duration(rw), rw, short[1])
     try:
         prepare_out(out, force)
     except OutDirError as exc:
         raise ExportError(str(exc)) from None
-    files = _write_all(out, chosen, results, window, step, rw, grafana, token, scenario, totals is not None)
+    files = _write_all(out, chosen, results, window, step, rw, grafana, token, scenario, totals is not None, short)
     md = out / "EVIDENCE.md"
     md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note,
                                     selector=job_selector(job), no_series=no_series, rate_note=short_rates,

@@ -54,6 +54,7 @@ from .runs import group_rounds
 from .windows import Window, iso
 
 __all__ = ["one_round", "round_totals", "totals_lines", "totals_line", "rate_note", "rate_mark", "requests_figures",
+           "shortest_span",
            "FIGURES", "RECORDS_FIGURES", "SPAN_DIFFERS", "TOTALS_PANELS"]
 
 #: the figures of each engine, in the order EVIDENCE.md shows them
@@ -249,7 +250,16 @@ def totals_lines(totals: dict[str, dict[str, Any]], spec: str) -> list[str]:
 TOTALS_PANELS = frozenset({"throughput", "success_ratio_1m"})
 
 
-def rate_mark(panel: Panel, window_s: float, rate_window_s: float, rate_window: str, totals: bool) -> str | None:
+def shortest_span(window_s: float, totals: Mapping[str, Mapping[str, Any]] | None) -> tuple[float, str]:
+    """(seconds, "window" or "round"): what a rate panel's rate window is held against: the
+    window, or, for a window of one round, the shortest engine's announced span in it (two engines
+    run one after the other make a window longer than either's round)."""
+    spans = [float(t["announced_s"]) for t in (totals or {}).values() if t.get("announced_s")]
+    return (min(spans), "round") if spans and min(spans) < window_s else (window_s, "window")
+
+
+def rate_mark(panel: Panel, window_s: float, rate_window_s: float, rate_window: str, totals: bool,
+              what: str = "window") -> str | None:
     """What a PNG board adds to the title of a panel drawn from rates over a window shorter than its
     rate window (None for any other): the rate window, the window's length and, after ``: ``,
     where the window's own figure is (the round totals, where the export has them and they give
@@ -258,14 +268,15 @@ def rate_mark(panel: Panel, window_s: float, rate_window_s: float, rate_window: 
         return None
     seconds = f"{window_s:.0f}" if window_s >= 10 else f"{window_s:.1f}"
     where = "see round totals" if totals and panel.key in TOTALS_PANELS else "see evidence summarize"
-    return f"{rate_window} rate, window {seconds} s: {where}"
+    return f"{rate_window} rate, {what} {seconds} s: {where}"
 
 
-def rate_note(window_s: float, rate_window_s: float, rate_window: str) -> str | None:
-    """What a rate panel says when its rate window is longer than the evidence window."""
+def rate_note(window_s: float, rate_window_s: float, rate_window: str, what: str = "window") -> str | None:
+    """What a rate panel says when its rate window is longer than the evidence window (or the
+    round in it: :func:`shortest_span`)."""
     if window_s >= rate_window_s:
         return None
-    return (f"Drawn from {rate_window} rates over a {window_s:.1f} s window: each point averages the "
+    return (f"Drawn from {rate_window} rates over a {window_s:.1f} s {what}: each point averages the "
             f"{rate_window} before it, most of it outside the window, so it is not this window's figure "
             "(a short round's throughput shows far below its own); read the round totals, or the records "
             "(`evidence summarize`). The PNG boards say so in these panels' titles.")

@@ -217,7 +217,8 @@ def test_one_round_window_gives_round_totals_from_the_counters(tmp_path: Path, f
     md = (out / "EVIDENCE.md").read_text()
     assert "## Round totals" in md and "| vllm | 73 | 72 | 9336 | 1167.0 |" in md
     throughput = md.split("### Successful output throughput")[1].split("###")[0]
-    assert "1m rates over a 10.0 s window" in throughput and "round totals" in throughput  # both engines' span
+    # held against the shorter engine's round (8 s), not the 10 s window the two rounds make
+    assert "1m rates over a 8.0 s round" in throughput and "round totals" in throughput
     assert manifest["rate_note"] and "1167.0 tok/s" in printed
     # a window that is no one round has none
     assert evidence_main(["export", "--prometheus", fake.url, "--window", f"{T0:.0f},{T0 + 600:.0f}",
@@ -418,3 +419,21 @@ def test_counters_that_took_in_a_neighbouring_round_say_so(tmp_path: Path, fake:
                           "--out", str(tmp_path / "ev2"), "--boards", "comparison"]) == 0
     again = json.loads((tmp_path / "ev2" / "manifest.json").read_text())["round_totals"]["vllm"]
     assert again["counts_differ"] is False and "(exact, from the counters)" in capsys.readouterr().out
+
+
+def test_a_short_round_in_a_long_window_is_still_marked(tmp_path: Path, fake: FakeProm) -> None:
+    """Two engines one after the other make a window of 75 s, longer than the 1m rate; vLLM's round
+    was 6 s, so its throughput panel still shows a tenth of its own figure: the mark and the note
+    hold the rate window against the shorter round, not the window."""
+    events = [_event(RUN_1, T0, "short-c4", 1, ("vllm",)), _event(RUN_1, T0 + 6, None, None, ("vllm",)),
+              _event(RUN_1, T0 + 10, "short-c4", 1, ("sglang",)), _event(RUN_1, T0 + 75, None, None, ("sglang",))]
+    d = _records(tmp_path / "run", events, _timed(RUN_1, T0 + 0.2, 6, 0.5, e2e_s=2.0))
+    fake.ranges = {'job="llmbench-exporter"': 1.0}
+    fake.counts = {**_counters(768, 6, 6), 'scenario="short-c4", engine="sglang"': {"sglang": 0.0}}
+    out = tmp_path / "ev"
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
+                          "--out", str(out), "--boards", "comparison"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "1m rates over a 6.0 s round" in manifest["rate_note"]
+    throughput = (out / "EVIDENCE.md").read_text().split("### Successful output throughput")[1].split("###")[0]
+    assert "1m rates over a 6.0 s round" in throughput
