@@ -206,7 +206,9 @@ def _why_spans_differ(engine: str, t: Mapping[str, Any]) -> str:
 def totals_lines(totals: dict[str, dict[str, Any]], spec: str) -> list[str]:
     """The ``Round totals`` section of EVIDENCE.md."""
     with_records = any("requests_span_s" in t for t in totals.values())
-    lines = ["## Round totals (exact, from the proxies' counters)", "",
+    mixed = any(t.get("counts_differ") for t in totals.values())
+    lines = ["## Round totals " + ("(from the proxies' counters, scrape to scrape, and the records)" if mixed
+                                   else "(exact, from the proxies' counters)"), "",
              f"The round `{spec}` counted per engine over its announced span, from the proxies' counters "
              "(restart-safe exact counts, no rate). Counters are known at scrapes only: each engine's count runs "
              "from the last scrape at or before its announced start to the first scrape at least a scrape "
@@ -217,7 +219,8 @@ def totals_lines(totals: dict[str, dict[str, Any]], spec: str) -> list[str]:
     if not totals:
         return lines + ["**No counters of this scenario in the window**: nothing to count.", ""]
     head = ["engine", "requests", "successes", "output tokens", "output tok/s", "announced span"]
-    head += ["requests' span (records)", "tok/s over the requests' span (records)"] if with_records else []
+    head += ["requests' span (records)", "tok/s over the requests' span (records)", "requests (records)"] \
+        if with_records else []
     head += ["counted from", "counted to"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for engine, t in totals.items():
@@ -226,7 +229,7 @@ def totals_lines(totals: dict[str, dict[str, Any]], spec: str) -> list[str]:
         if with_records:
             own = t.get("requests_span_s")
             cells += ["no records" if own is None else f"{own:.3f} s",
-                      _num(t.get("output_tokens_per_s_requests"), ".1f")]
+                      _num(t.get("output_tokens_per_s_requests"), ".1f"), _num(t.get("records_requests"), "d")]
         cells += [iso(t["counted_from"]),
                   iso(t["counted_to"]) + ("" if t["complete"] else " (not yet scraped: export again later)")]
         lines.append("| " + " | ".join(cells) + " |")

@@ -413,6 +413,8 @@ def test_counters_that_took_in_a_neighbouring_round_say_so(tmp_path: Path, fake:
     assert "the round itself is 6 requests and 768 output tokens (records" in line
     md = (out / "EVIDENCE.md").read_text()
     assert "For vllm the counters count 9 requests and the records 6" in md
+    assert "## Round totals (from the proxies' counters, scrape to scrape, and the records)" in md
+    assert next(x for x in md.splitlines() if x.startswith("| vllm |")).split(" | ")[8] == "6"  # requests (records)
     # counts that agree: no such words
     fake.counts = _counters(768, 6, 6)
     assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
