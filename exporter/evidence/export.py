@@ -237,8 +237,8 @@ def _query_all(prom: Prometheus, boards: dict[str, Board], window: Window, step:
     for name, board in boards.items():
         results[name] = {}
         for panel in board.panels:
-            exact = panel_kind(panel) == "exact-count"
-            results[name][panel.key] = _evidence(prom, panel, window, step, rw, span if exact else None, variables)
+            exact = panel_kind(panel) == "exact-count"  # unfiltered: every request that ended in the window
+            results[name][panel.key] = _evidence(prom, panel, window, step, rw, *((span, {}) if exact else (None, variables)))
             done += 1
             if progress:
                 sys.stderr.write(f"\rquerying panels {done}/{total}")

@@ -67,8 +67,9 @@ def scenario_line(scenario: str | None) -> str:
                 "`scenario:NAME` window filters by its scenario")
     return (f"- Scenario filter: `{scenario}`: the boards' `$scenario` matches this window's scenario only, as the "
             "board does with it selected, so other scenarios run in the same minutes (inside a 1-minute rate) are "
-            "left out; the gauge panels without `$scenario` (requests in flight, the engines' and GPUs' own "
-            "series) show everything")
+            "left out; the exact-count panels are not filtered (they count every request that ended in the "
+            "window; the round's own counts are its round totals), and the gauge panels without `$scenario` "
+            "(requests in flight, the engines' and GPUs' own series) show everything")
 
 
 def _header(window: Window, step: float, step_note: str, rw: str, backend: dict[str, Any], url: str,

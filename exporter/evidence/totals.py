@@ -156,7 +156,7 @@ def round_totals(prom: Prometheus, window: Window, scrape_s: float, job: str | N
             fig = by_engine.get(eng) or {}
             t.update({key: fig.get(key) for key in RECORDS_FIGURES})
             t["spans_differ"] = _spans_differ(t["announced_s"], t["requests_span_s"])
-            t["counts_differ"] = t["records_requests"] is not None and t["records_requests"] != t["requests"]
+            t["counts_differ"] = None if t["records_requests"] is None else t["records_requests"] != t["requests"]
     return out
 
 
@@ -176,23 +176,38 @@ def totals_line(engine: str, t: Mapping[str, Any]) -> str:
     if t.get("counts_differ"):
         line = line.replace("(exact, from the counters)", "(from the counters, scrape to scrape)")
         line += (f"; the round itself is {t['records_requests']} requests and {t['records_output_tokens']} output "
-                 f"tokens (records: the counters' span took in requests of a neighbouring round)")
+                 f"tokens (records: {_count_cause(t)})")
     return (line + f"; {_num(t['output_tokens_per_s_requests'], '.1f')} tok/s over its requests' "
             f"{t['requests_span_s']:.1f} s (records, as evidence summarize and a bench client count it)")
 
 
+def _count_cause(t: Mapping[str, Any]) -> str:
+    """Why the counters count more or fewer requests than the round's records."""
+    if t["requests"] > t["records_requests"]:
+        return ("the counters' span took in requests of a neighbouring round, or --records holds fewer proxies' "
+                "records than the job")
+    return "requests still running at the counters' last scrape" + ("" if t.get("complete") else
+                                                                    ", not yet scraped: export again later")
+
+
 def _why_counts_differ(engine: str, t: Mapping[str, Any]) -> str:
     """One sentence on why an engine's counters and its records count the round differently."""
+    if t["requests"] < t["records_requests"]:
+        return (f"For {engine} the counters count {t['requests']} requests and the records {t['records_requests']}: "
+                "a request is counted when it ends, and some of the round's had not ended by the counters' last "
+                "scrape (or it is not yet scraped); the records' figures are the round's own.")
     return (f"For {engine} the counters count {t['requests']} requests and the records {t['records_requests']}: "
             "counters are known at scrapes only, and requests of the same scenario that ended between the round's "
             "end and the next scrape (its next round, run back to back) or before its start are in the counters' "
-            "span; the records' figures are the round's own.")
+            "span (and the job may hold more proxies than --records does); the records' figures are the round's own.")
 
 
 def _why_spans_differ(engine: str, t: Mapping[str, Any]) -> str:
     """One sentence on why an engine's announced span and its requests' span differ by more than
     :data:`SPAN_DIFFERS`."""
     announced, own = t["announced_s"], t["requests_span_s"]
+    if own <= 0:
+        return f"For {engine} the round's records span no time (one request, or none with an E2E)."
     if announced > own:
         return (f"For {engine} the announced span ({announced:.1f} s) is {announced / own:.1f} times its requests' "
                 f"span ({own:.1f} s): the bench client's start-up (loading its tokenizer, sampling its dataset) "

@@ -104,11 +104,15 @@ def prompt_warnings(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
             what = "the trace's median input_length" if cell.get("trace") else "input_tokens"
             head = (f"warning: cell {s['engine']} {cell['scenario']}: asked {what} {_tok(asked)}, the engine counted "
                     f"{_tok(got)} prompt tokens (median{', first turns' if cell.get('sessions') else ''})")
-            if not p.get("tokenizer"):
+            if not p.get("tokenizer") and cell.get("sessions"):
+                out.append(f"{head}: each turn's new text is words, not the model's tokens; --tokenizer MODEL_DIR "
+                           "makes it that many tokens (the chat template comes on top)")
+            elif not p.get("tokenizer"):
                 out.append(f"{head}: the prompts are words, not the model's tokens; give --tokenizer MODEL_DIR (the "
                            "engine's model directory or tokenizer.json) to make them equal")
             elif not cell.get("sessions"):
-                out.append(f"{head} although --tokenizer was given: is it the tokenizer of the engine's model?")
+                out.append(f"{head} although --tokenizer was given: is it the tokenizer of the engine's model, or is "
+                           "input_tokens shorter than what it adds itself (its BOS, its chat template)?")
     return out
 
 

@@ -10,7 +10,9 @@ all its workers) asks the engine, through the proxy's own upstream client
   instead: SGLang's ``/health`` runs a one-token generation through its scheduler (and waits a
   second for it), a request of the proxy's own in the batch it measures; ``/ready`` answers from
   the server's state (503 while starting or shutting down).  An SGLang without ``/ready`` (404)
-  is probed on ``/health`` again;
+  is probed on ``/health`` again.  What ``/ready`` cannot see: a scheduler that hangs while the
+  HTTP server answers reads up until SGLang's own watchdog (``--watchdog-timeout``, 300 s by
+  default) stops the server; its requests meanwhile fail as timeouts in the records;
 * what it is, at start and whenever it comes back after being down: SGLang answers
   ``GET /server_info`` (``/get_server_info`` in older builds: its version and every server
   argument) and ``GET /model_info``; vLLM ``GET /version`` (and, started with
@@ -66,7 +68,7 @@ REDACTED = "<redacted>"
 _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 _SECRET_WORDS = frozenset({"key", "keys", "secret", "secrets", "password", "passwd", "passphrase", "credential",
                            "credentials"})
-_SECRET_ENDINGS = ("token", "apikey", "secret", "password")
+_SECRET_ENDINGS = ("token", "key", "secret", "password")
 _START = re.compile(rb"^process_start_time_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 #: the file beside ``scenarios.jsonl``
 LOG_NAME = "engines.jsonl"
@@ -76,8 +78,8 @@ IDENTITY_KEYS = ("kind", "version", "model", "root", "max_model_len", "server_ar
 
 def is_secret_name(name: str) -> bool:
     """Whether an argument's name says it holds a secret: a word of it (any case) is key, secret,
-    password or credentials, or ends in token, apikey, secret or password (``hf_token``,
-    ``authToken``); ``max_total_tokens`` and ``tokenizer_path`` are not."""
+    password or credentials, or ends in token, key, secret or password (``hf_token``,
+    ``authToken``, ``privatekey``); ``max_total_tokens`` and ``tokenizer_path`` are not."""
     words = (w.lower() for w in _WORD.findall(name))
     return any(w in _SECRET_WORDS or w.endswith(_SECRET_ENDINGS) for w in words)
 

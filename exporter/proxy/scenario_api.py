@@ -6,7 +6,7 @@ is announced now per engine (``active``).
 :data:`~exporter.proxy.scenarios.MAX_NAME` characters is refused (400) and never echoed or logged.
 A round announced again after it was cleared or replaced in this run is still set (200), and the
 answer gains ``"warning"``: its records will be reported as a separate announcement
-(:meth:`~exporter.proxy.scenarios.ScenarioBoard.announce`; round 0 and ``warmup`` never warn).
+(:meth:`~exporter.proxy.scenarios.ScenarioBoard.announce`; ``warmup`` and clearing never warn).
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ class ScenarioBoard:
         :attr:`Announced.warning`) when an engine's round was announced before in this run and
         cleared or replaced since: the evidence reports its records as a separate announcement.
         Set again unchanged, a round goes on (its start stays).  Only the kept rounds
-        (:data:`MAX_ROUNDS`) are remembered; round 0, ``warmup`` and clearing never warn."""
+        (:data:`MAX_ROUNDS`) are remembered; ``warmup`` and clearing never warn (round 0 does)."""
         if scenario in CLEAR:
             scenario = None
         engines = [engine] if engine is not None else self._engines
@@ -236,7 +236,7 @@ class ScenarioBoard:
                 self._metrics.scenario_info.remove(e, old.scenario, str(old.round))
                 self.rounds.ended(e, old, now)
             if act is not None:
-                if round_ != 0 and act.scenario not in UNWARNED:
+                if act.scenario not in UNWARNED:  # round 0 too: evidence splits it as it splits any round
                     seen = self.rounds.previous(e, act)
                     if seen is not None:
                         before.append((e, seen[0]))

@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -121,16 +122,21 @@ def _worker_main(config: Config, sock: socket.socket, index: int, count: int, ru
 
 
 def _stop_once(loop: asyncio.AbstractEventLoop) -> None:
-    """The first SIGTERM or SIGINT starts the graceful shutdown; any later one is ignored, so a
-    second signal (a service manager that signals every process of the group, a Ctrl-C beside the
-    supervisor's SIGTERM) cannot break the shutdown that writes the last records.  The supervisor
-    SIGKILLs a worker that outlives its stop timeout."""
+    """The first SIGTERM or SIGINT starts the graceful shutdown; any later one is ignored (the
+    handlers stay, so no signal ever meets the default action), so a second signal (a service
+    manager that signals every process of the group, a Ctrl-C beside the supervisor's SIGTERM)
+    cannot break the shutdown that writes the last records.  The supervisor SIGKILLs a worker that
+    outlives its stop timeout."""
     from aiohttp.web import GracefulExit
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.remove_signal_handler(sig)
-        signal.signal(sig, signal.SIG_IGN)
+    if _STOPPING.is_set():
+        return
+    _STOPPING.set()
     raise GracefulExit()
+
+
+#: set by the first stop signal of this worker
+_STOPPING = threading.Event()
 
 
 def worker_app(config: Config, index: int, count: int, run_dir: Path, run_id: str) -> Any:

@@ -322,6 +322,9 @@ def test_a_scenario_window_fills_scenario_on_every_board_query(tmp_path: Path, f
     assert len(with_var) >= n > 0 and all('scenario=~"short\\\\.c4"' in e for e in with_var), with_var[:2]
     throughput = json.loads((out / "data" / "comparison" / "throughput.json").read_text())
     assert 'scenario=~"short\\\\.c4"' in throughput["queries"][0]["expr"]
+    # the exact counts are not filtered: they count every request that ended in the window (SPEC 18)
+    exact = json.loads((out / "data" / "comparison" / "success_ratio.json").read_text())
+    assert "short" not in exact["queries"][0]["expr"]
     md = (out / "EVIDENCE.md").read_text()
     assert "- Scenario filter: `short.c4`" in md
     # the round totals keep their own selector: the scenario exactly
@@ -421,6 +424,14 @@ def test_counters_that_took_in_a_neighbouring_round_say_so(tmp_path: Path, fake:
                           "--out", str(tmp_path / "ev2"), "--boards", "comparison"]) == 0
     again = json.loads((tmp_path / "ev2" / "manifest.json").read_text())["round_totals"]["vllm"]
     assert again["counts_differ"] is False and "(exact, from the counters)" in capsys.readouterr().out
+    # fewer in the counters than in the records: requests not yet ended at the last scrape, not a neighbour
+    fake.counts = _counters(512, 4, 4)
+    assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
+                          "--out", str(tmp_path / "ev3"), "--boards", "comparison"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("round totals vllm: "))
+    assert "requests still running at the counters' last scrape" in line and "neighbouring" not in line
+    md = (tmp_path / "ev3" / "EVIDENCE.md").read_text()
+    assert "For vllm the counters count 4 requests and the records 6: a request is counted when it ends" in md
 
 
 def test_a_short_round_in_a_long_window_is_still_marked(tmp_path: Path, fake: FakeProm) -> None:

@@ -216,10 +216,11 @@ def test_a_warning_names_the_cell_the_asked_and_the_counted_length() -> None:
         "are words, not the model's tokens; give --tokenizer MODEL_DIR (the engine's model directory or "
         "tokenizer.json) to make them equal",
         "warning: cell vllm talk: asked input_tokens 100, the engine counted 130 prompt tokens (median, first turns): "
-        "the prompts are words, not the model's tokens; give --tokenizer MODEL_DIR (the engine's model directory or "
-        "tokenizer.json) to make them equal",
+        "each turn's new text is words, not the model's tokens; --tokenizer MODEL_DIR makes it that many tokens (the "
+        "chat template comes on top)",
         "warning: cell vllm other-model: asked input_tokens 100, the engine counted 89.5 prompt tokens (median) "
-        "although --tokenizer was given: is it the tokenizer of the engine's model?",
+        "although --tokenizer was given: is it the tokenizer of the engine's model, or is input_tokens shorter than "
+        "what it adds itself (its BOS, its chat template)?",
         "warning: cell vllm replay: asked the trace's median input_length 512, the engine counted 700 prompt tokens "
         "(median): the prompts are words, not the model's tokens; give --tokenizer MODEL_DIR (the engine's model "
         "directory or tokenizer.json) to make them equal"]

@@ -216,10 +216,15 @@ async def test_the_proxy_warns_of_a_round_announced_again(upstream: Any, proxy_f
     assert "warning" not in await post({"scenario": "short-c32", "round": 1, "engine": "vllm"})  # in a row: goes on
     assert "warning" not in await post({"scenario": None, "engine": "vllm"})  # clearing never warns
     assert "warning" not in await post({"scenario": "short-c32", "round": 1, "engine": "sglang"})  # its first
-    for _ in range(2):  # warm-ups and round 0 are announced again and again by design
+    for _ in range(2):  # warm-ups are announced again and again by design
         assert "warning" not in await post({"scenario": "warmup", "round": 0, "engine": "vllm"})
-        assert "warning" not in await post({"scenario": "short-c1", "engine": "vllm"})
+        assert "warning" not in await post({"scenario": None, "engine": "vllm"})
     assert not [r for r in caplog.records if "announced before" in r.getMessage()]
+    # a scenario without a round is round 0, which evidence splits like any round: it warns alike
+    assert "warning" not in await post({"scenario": "short-c1", "engine": "vllm"})
+    assert "warning" not in await post({"scenario": None, "engine": "vllm"})
+    assert "short-c1#0 was announced before" in (await post({"scenario": "short-c1", "engine": "vllm"}))["warning"]
+    caplog.clear()
     again = await post({"scenario": "short-c32", "round": 1, "engine": "vllm"})
     assert again["scenario"] == "short-c32" and again["round"] == 1 and again["engines"] == ["vllm"]  # still set
     warning = again["warning"]
