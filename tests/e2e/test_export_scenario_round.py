@@ -147,8 +147,14 @@ def test_a_scenario_window_filters_the_boards_by_its_scenario(site: Site) -> Non
     w = manifest["window"]
     plain_out, plain = _export(site, f"{w['start']:.3f},{w['end']:.3f}", "plain")
     assert _nonzero(plain_out, "throughput", "sglang") and _nonzero(plain_out, "failure_ratio", "empty_text")
-    filtered = [k for k in BOARDS["comparison"].panels if "$scenario" in " ".join(k.exprs)]
+    with_var = [k for k in BOARDS["comparison"].panels if "$scenario" in " ".join(k.exprs)]
+    filtered = [k for k in with_var if panel_kind(k) != "exact-count"]
     assert filtered and any(panel_kind(p) == "rate" for p in filtered)
+    # the exact counts stay whole: every request that ended in the window, as for any window
+    for panel in (k for k in with_var if panel_kind(k) == "exact-count"):
+        docs = [json.loads((d / "data" / "comparison" / f"{panel.key}.json").read_text()) for d in (out, plain_out)]
+        assert [[s["values"] for s in q["series"]] for q in docs[0]["queries"]] == \
+            [[s["values"] for s in q["series"]] for q in docs[1]["queries"]], panel.key
     for panel in filtered:
         doc = json.loads((out / "data" / "comparison" / f"{panel.key}.json").read_text())
         assert all(f'scenario=~"{ROUND}"' in q["expr"] for q in doc["queries"]), panel.key
