@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import random
 import time
@@ -93,7 +92,6 @@ class Driver:
         self.rng = random.Random(seed)  # the prompts' words
         #: the prompts (:mod:`.replay`), framed to the engine's exact lengths with its tokenizer (``load --tokenizer``)
         self.replays = Replays(seed, make_prompt, _VOCAB, tokenizer)
-        self.counted: dict[tuple[Any, ...], list[tuple[int, int | None]]] = {}  # (round, prompt_tokens) per cell
         self.arrivals = random.Random(f"arrivals-{seed}")  # the Poisson gaps, apart from the prompts
         self.out_dir = out_dir
         self.records = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
@@ -247,8 +245,6 @@ class Driver:
             record["detail"] = f"HTTP {result.status} from the proxy, whose record says {said[0]}: {message}"
         if self.records is not None:
             self.records.write(record)
-        if scenario != WARMUP and (turn is None or turn.turn == 1):  # the prompt length the engine counted
-            self.counted.setdefault(dataclasses.astuple(cell), []).append((round_, result.prompt_tokens))
         if self.first_error is None and result.outcome != "success":
             self.first_error = (f"{said[0]}: {said[1]} (the proxy's record; HTTP {result.status} here)" if said else
                                 f"{result.reason}: {result.detail}" if result.detail else str(result.reason))
@@ -349,10 +345,9 @@ class Driver:
     async def run_plan(self, plan: Plan) -> dict[str, Any]:
         """Every stage in order (see :mod:`exporter.harness.runner`); writes the tables to
         ``out_dir`` when there is one and returns the summary."""
-        self.counted.clear()  # this plan's prompt lengths only
         summary = await run_plan(self, plan)
         summary["first_error"] = self.first_error
-        add_prompt_lengths(summary, self.counted, self.replays.asked, self.replays.tokenizer is not None)
+        add_prompt_lengths(summary, self.replays.asked, self.replays.tokenizer is not None)
         if self.out_dir is not None:
             write_tables(self.out_dir, summary)
         return summary

@@ -21,6 +21,7 @@ from exporter.core.stats import SloLike, median, median_of_rounds, percentile, r
 from exporter.proxy.config import DEFAULT_SLO
 
 from .plan import WARMUP, Cell, Plan, Stage
+from .tables import counted_prompts, prompt_counts
 
 __all__ = ["run_plan", "first_error", "slo_breakdown", "schedule_figures", "SCHEDULE_KEYS"]
 
@@ -61,7 +62,8 @@ DROPPED = ("slo_attainment",)
 
 
 def _figures(records: Sequence[Record], duration: float, slo: SloLike) -> dict[str, Any]:
-    row = {**round_row(records, duration, slo=slo), **schedule_figures(records)}
+    row = {**round_row(records, duration, slo=slo), **schedule_figures(records),
+           "prompt_tokens_p50": median(prompt_counts(records))}
     proxy: dict[str, int] = {}
     for r in records:  # HTTP 502/504 from the proxy: the reason its own record gives
         if r.get("proxy_reason"):
@@ -150,9 +152,10 @@ async def _run_cell(driver: Driver, run: _StageRun, cell: Cell) -> list[Record]:
     await driver.announce(None, 0)
     # the bootstrap interval takes a while: off the event loop
     medians = await asyncio.to_thread(median_of_rounds, rows, per_round, slo=run.slo)
+    records = [rec for round_records in per_round for rec in round_records]
     run.cells.append({"stage": run.stage.name, "cell": dataclasses.asdict(cell), "rounds": rows,
-                      "median": _finish_medians(medians, rows)})
-    return [rec for records in per_round for rec in records]
+                      "median": _finish_medians(medians, rows), "prompt_tokens": counted_prompts(records)})
+    return records
 
 
 def _judge_level(run: _StageRun, cell: Cell, records: Sequence[Record]) -> None:

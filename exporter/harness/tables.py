@@ -35,7 +35,7 @@ from typing import Any
 from exporter.core.stats import median
 
 __all__ = ["ROUND_COLUMNS", "TITLE", "write_tables", "round_table", "failure_summary", "add_prompt_lengths",
-           "prompt_warnings", "PROMPT_TOLERANCE"]
+           "prompt_counts", "counted_prompts", "prompt_warnings", "PROMPT_TOLERANCE"]
 
 ROUND_COLUMNS = (
     "engine", "stage", "scenario", "round", "requests", "success", "failures", "failure_reasons",
@@ -64,26 +64,29 @@ _FIGURES: tuple[tuple[str, str, float, int], ...] = (
 #: a cell whose counted prompt length (median) is further than this share from the asked one is warned about
 PROMPT_TOLERANCE = 0.10
 
-#: (round, usage.prompt_tokens) of each request of a cell (a session's first turns), keyed by the cell's values
-Counted = Mapping[tuple[Any, ...], Sequence[tuple[int, int | None]]]
+def prompt_counts(records: Iterable[Mapping[str, Any]]) -> list[int]:
+    """``usage.prompt_tokens`` of each request that carried it; of a session, its first turn only
+    (the later ones carry the history)."""
+    return [int(r["prompt_tokens"]) for r in records
+            if isinstance(r.get("prompt_tokens"), int) and r.get("turn") in (None, 1)]
 
 
-def add_prompt_lengths(summary: Mapping[str, Any], counted: Counted, traced: Callable[[str, int], float | None],
-                       exact: bool) -> None:
-    """Beside each cell of ``summary``, ``prompt_tokens``: the length asked (``input_tokens``, or
-    ``traced(trace, requests)``: a trace's median ``input_length``) and the engine's count (median, min,
-    max, over ``requests`` that carried usage); ``tokenizer``: whether the prompts were framed with the
-    engine's tokenizer (``exact``).  Each round row gets its ``prompt_tokens_p50``."""
+def counted_prompts(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A cell's prompt length as the engine counted it, over its rounds' records: median, min, max
+    and how many requests carried it (:func:`prompt_counts`)."""
+    counts = prompt_counts(records)
+    return {"counted_p50": median(counts), "counted_min": min(counts, default=None),
+            "counted_max": max(counts, default=None), "requests": len(counts)}
+
+
+def add_prompt_lengths(summary: Mapping[str, Any], traced: Callable[[str, int], float | None], exact: bool) -> None:
+    """Beside each cell's counted prompt length (:func:`counted_prompts`, from the runner), the length
+    asked (``input_tokens``, or ``traced(trace, requests)``: a trace's median ``input_length``) and
+    ``tokenizer``: whether the prompts were framed with the engine's tokenizer (``exact``)."""
     for entry in summary.get("cells", []):
         cell = entry["cell"]
-        got = counted.get(tuple(cell.values()), ())
-        for row in entry.get("rounds", []):
-            row["prompt_tokens_p50"] = median(p for r, p in got if r == row.get("round"))
-        counts = [p for _, p in got if p is not None]
-        entry["prompt_tokens"] = {
-            "asked": traced(cell["trace"], cell["requests"]) if cell.get("trace") else cell["input_tokens"],
-            "counted_p50": median(counts), "counted_min": min(counts, default=None),
-            "counted_max": max(counts, default=None), "requests": len(counts), "tokenizer": exact}
+        asked = traced(cell["trace"], cell["requests"]) if cell.get("trace") else cell["input_tokens"]
+        entry["prompt_tokens"] = {"asked": asked, **(entry.get("prompt_tokens") or {}), "tokenizer": exact}
 
 
 def _tok(v: float | None) -> str:

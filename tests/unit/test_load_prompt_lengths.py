@@ -247,3 +247,17 @@ async def test_a_trace_cell_is_compared_with_its_median_input_length(aiohttp_ser
         got = summary["cells"][0]["prompt_tokens"]
         assert (got["asked"], got["counted_min"], got["counted_max"]) == ((26, 20, 31) if framed else (26, 21, 32))
         assert prompt_warnings([summary]) == []  # one BOS in 26 tokens: within 10 %
+
+
+async def test_two_alike_cells_of_two_stages_count_their_own_prompts(aiohttp_server: Any, tmp_path: Path) -> None:
+    """Each cell's counted prompt length comes from its own rounds' records: a cell repeated alike in a
+    later stage does not pool its requests with the first one's."""
+    sim = await aiohttp_server(create_sim_app(build_params("vllm", speed=50.0)))
+    plan = tmp_path / "twice.yaml"
+    cell = "{scenario: plain, input_tokens: 24, output_tokens: 3, concurrency: 1, requests: 3, rounds: 1}"
+    plan.write_text(f"stages:\n  - name: one\n    cells: [{cell}]\n  - name: two\n    cells: [{cell}]\n")
+    async with Driver(f"http://127.0.0.1:{sim.port}", model="m") as driver:
+        summary = await driver.run_plan(load_plan(plan))
+    assert [(c["stage"], c["prompt_tokens"]["requests"], c["prompt_tokens"]["counted_p50"]) for c in summary["cells"]] \
+        == [("one", 3, 24), ("two", 3, 24)]
+    assert [row["prompt_tokens_p50"] for c in summary["cells"] for row in c["rounds"]] == [24, 24]
