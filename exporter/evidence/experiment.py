@@ -27,8 +27,9 @@ the steady window and a load verdict, first that applies:
 A closed loop's arrival rate follows the engine's speed, so two closed loops are the same load
 when their C is the same; open loops when their verdicts match and their offered rates are within
 10% (:func:`same_load`).  Either way the requests must be alike too: their mean prompt and output
-lengths, as the engine counted them (usage), within 10% (two bench clients' defaults differ:
-SGLang's random dataset draws lengths up to the asked one unless ``--random-range-ratio 1``).  The one-line form (:func:`load_line`) shows no offered rate for a
+lengths, as the engine counted them (usage), within 10% (:func:`same_workload`: two bench clients'
+defaults differ, SGLang's random dataset draws lengths up to the asked one unless
+``--random-range-ratio 1``).  The one-line form (:func:`load_line`) shows no offered rate for a
 closed loop or for too few arrivals: there it measures the engine, or nothing.
 """
 
@@ -55,8 +56,8 @@ from .arrivals import (
     time_at,
 )
 
-__all__ = ["Expect", "parse_expect", "round_load", "load_line", "load_lines", "same_load", "same_workload", "steady_records", "cell_load",
-           "steady_window", "window_share", "seconds_text", "round_name",
+__all__ = ["Expect", "parse_expect", "round_load", "load_line", "load_lines", "same_load", "same_workload",
+           "steady_records", "cell_load", "steady_window", "window_share", "seconds_text", "round_name",
            "CLOSED_SHARE", "MIN_ARRIVALS", "PER_SLOT", "TOO_FEW", "TURN_SHARE", "TURNAROUND", "LAG_SHARE"]
 
 #: Share of the steady window at C that makes a closed loop.
@@ -226,21 +227,22 @@ def _matched(load: Mapping[str, Any], expect: Expect) -> dict[str, Any]:
     return {"expected": expect.text, "expect_matched": ok, "expect_note": why}
 
 
+#: a request's shape, as the engine counted it: (key, words in a "why")
+WORKLOAD = {"prompt_tokens_mean": "prompt", "output_tokens_mean": "output"}
+
+
 def cell_load(loads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A cell's load over its rounds: their common verdict (``mixed (...)`` when they differ) and
     the median offered rate."""
     verdicts = [str(x.get("load_verdict")) for x in loads]
     counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
     verdict = verdicts[0] if len(counts) == 1 else "mixed (" + ", ".join(f"{v} ×{n}" for v, n in counts.items()) + ")"
+
     def med(key: str) -> float | None:
         return median([float(x[key]) for x in loads if x.get(key) is not None])
 
     return {"load_verdict": verdict if verdicts else None, "offered_rate_rps": med("offered_rate_rps"),
             **{key: med(key) for key in WORKLOAD}}
-
-
-#: a request's shape, as the engine counted it: (key, words in a "why")
-WORKLOAD = {"prompt_tokens_mean": "prompt", "output_tokens_mean": "output"}
 
 
 def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
@@ -333,8 +335,9 @@ def _rate_text(load: Mapping[str, Any]) -> str:
 
 
 def load_line(load: Mapping[str, Any]) -> str:
-    """One line, e.g. ``200 arrivals (prompt/output 1024/128 tok), offered 0.48 req/s poisson (CV 1.02, fit not rejected), in
-    flight <= 32 (mean 30.1), client back-pressure P95 0 ms (0% client-bound), steady 182 of 200 s``."""
+    """One line, e.g. ``200 arrivals (prompt/output 1024/128 tok), offered 0.48 req/s poisson (CV 1.02,
+    fit not rejected), in flight <= 32 (mean 30.1), client back-pressure P95 0 ms (0% client-bound),
+    steady 182 of 200 s``."""
     spread = load.get("interarrival_cv")
     verdict = str(load["load_verdict"])
     fit = {None: "no fit: too few arrivals", True: "fit rejected", False: "fit not rejected"}[load.get("fit_rejected")]

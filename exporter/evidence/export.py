@@ -41,7 +41,7 @@ from .promapi import MAX_POINTS, PromError, Prometheus, parse_duration
 from .render import render_board
 from .report import QueryEvidence, evidence_markdown, panel_kind
 from .totals import rate_mark, rate_note, round_totals, shortest_span, totals_lines
-from .windows import Window, WindowError, check_not_future, iso
+from .windows import Window, WindowError, check_not_future, iso, scenario_of
 
 __all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError",
            "grid_start", "DEFAULT_STEP_S", "scenario_filter", "regex_literal"]
@@ -105,14 +105,7 @@ def scenario_filter(window: Window) -> str | None:
     then matches it only, as the board does with that scenario selected: scenarios run in the
     same minutes stay out of its 1-minute rates); None for any other window (``$scenario``
     matches every scenario)."""
-    if not window.spec.startswith("scenario:"):
-        return None
-    body = window.spec[len("scenario:"):]
-    if body.endswith(":steady"):
-        body = body[:-len(":steady")]
-    elif ":steady:" in body:
-        body = body.rpartition(":steady:")[0]
-    return body.partition("#")[0] or None
+    return scenario_of(window.spec)
 
 
 def rate_window(scrape_s: float) -> str:
@@ -237,8 +230,10 @@ def _query_all(prom: Prometheus, boards: dict[str, Board], window: Window, step:
     for name, board in boards.items():
         results[name] = {}
         for panel in board.panels:
-            exact = panel_kind(panel) == "exact-count"  # unfiltered: every request that ended in the window
-            results[name][panel.key] = _evidence(prom, panel, window, step, rw, *((span, {}) if exact else (None, variables)))
+            if panel_kind(panel) == "exact-count":  # unfiltered: every request that ended in the window
+                results[name][panel.key] = _evidence(prom, panel, window, step, rw, span)
+            else:
+                results[name][panel.key] = _evidence(prom, panel, window, step, rw, None, variables)
             done += 1
             if progress:
                 sys.stderr.write(f"\rquerying panels {done}/{total}")
@@ -296,17 +291,18 @@ def _grafana_token(grafana: str | None) -> str | None:
 
 def _write_all(out: Path, boards: dict[str, Board], results: dict[str, dict[str, list[QueryEvidence]]],
                window: Window, step: float, rw: str, grafana: str | None, token: str | None,
-               scenario: str | None = None, totals: bool = False, short: tuple[float, str] | None = None) -> list[Path]:
+               scenario: str | None, totals: bool, short: tuple[float, str]) -> list[Path]:
     """The data files and the PNG of each board (and Grafana's, with ``grafana``).  ``scenario``:
-    the scenario filter; ``totals``: the export has round totals (a rate panel's title points there)."""
+    the scenario filter; ``totals``: the export has round totals (a rate panel's title points there);
+    ``short``: what a rate panel's window is held against (:func:`.totals.shortest_span`)."""
     files: list[Path] = []
     subtitle = f"step {step:g} s, rate window {rw}" + (f", scenario filter: {scenario}" if scenario else "")
+    span, what = short
     for b, panels in results.items():
         board = boards[b]
         for panel in board.panels:
             files += _write_data(out, b, panel, panels[panel.key], window, step)
         data = {key: [{**s, "ref": ev.ref} for ev in evs for s in ev.series] for key, evs in panels.items()}
-        span, what = short or (window.seconds, "window")
         marks = {p.key: m for p in board.panels if (m := rate_mark(p, span, parse_duration(rw), rw, totals, what))}
         files.append(render_board(board, data, (window.start, window.end), out / f"{b}.png",
                                   subtitle=subtitle, marks=marks))
@@ -355,7 +351,7 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     no_series = _no_series(prom, window, job, scenario) if proxy_panels_empty(chosen, results, job) else None
     totals = round_totals(prom, window, counts.scrape_s, job, records=records)
     short = shortest_span(window.seconds, totals)  # a round shorter than the window holding it
-    short_rates = rate_note(*short[:1], parse_duration(rw), rw, short[1])
+    short_rates = rate_note(short[0], parse_duration(rw), rw, short[1])
     try:
         prepare_out(out, force)
     except OutDirError as exc:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .runs import Announcement
 
 __all__ = ["Window", "WindowError", "parse_window", "iso", "check_not_future", "START_GAUGE", "END_GAUGE",
-           "EngineSpan", "reads_records"]
+           "EngineSpan", "reads_records", "scenario_of"]
 
 START_GAUGE = "llmbench_scenario_round_start_timestamp_seconds"
 END_GAUGE = "llmbench_scenario_round_end_timestamp_seconds"
@@ -131,6 +131,14 @@ def parse_window(spec: str, prom: Prometheus | None = None, records: Path | None
     if end <= start:
         raise WindowError(f"window ends before it starts: {spec!r}")
     return Window(start, end, spec, "given")
+
+
+def scenario_of(spec: str) -> str | None:
+    """The scenario NAME of a ``scenario:NAME[#ROUND][:steady[:ENGINE]]`` spec, else None."""
+    if not reads_records(spec):
+        return None
+    steady = _steady_part(spec)
+    return (steady[0] if steady is not None else spec[9:]).partition("#")[0] or None
 
 
 def _steady_part(spec: str) -> tuple[str, str | None] | None:
