@@ -29,8 +29,8 @@ from exporter.core.timefmt import iso
 from exporter.proxy.metrics import ProxyMetrics
 from exporter.proxy.records import JsonlWriter
 
-__all__ = ["ScenarioBoard", "Active", "Announced", "RoundTimes", "UNWARNED", "MAX_ROUND", "MAX_NAME", "MAX_ROUNDS", "CLEAR",
-           "START_NAME", "START_HELP", "END_NAME", "END_HELP"]
+__all__ = ["ScenarioBoard", "Active", "Announced", "RoundTimes", "UNWARNED", "MAX_ROUND", "MAX_NAME", "MAX_ROUNDS",
+           "CLEAR", "START_NAME", "START_HELP", "END_NAME", "END_HELP"]
 
 MAX_ROUND = 1_000_000
 #: the longest scenario name accepted (as the config's ``scenarios`` entries)

@@ -28,7 +28,7 @@ import shutil
 import signal
 import socket
 import tempfile
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,28 +115,30 @@ def _worker_main(config: Config, sock: socket.socket, index: int, count: int, ru
     app = worker_app(config, index, count, run_dir, run_id)
     app.on_startup.append(_freeze_startup_objects)
     loop = _event_loop()
+    stop = _stop_once()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _stop_once, loop)
+        loop.add_signal_handler(sig, stop)
     web.run_app(app, sock=sock, access_log=None, handler_cancellation=True, print=None,
                 shutdown_timeout=1.0, loop=loop, handle_signals=False)
 
 
-def _stop_once(loop: asyncio.AbstractEventLoop) -> None:
-    """The first SIGTERM or SIGINT starts the graceful shutdown; any later one is ignored (the
-    handlers stay, so no signal ever meets the default action), so a second signal (a service
-    manager that signals every process of the group, a Ctrl-C beside the supervisor's SIGTERM)
-    cannot break the shutdown that writes the last records.  The supervisor SIGKILLs a worker that
-    outlives its stop timeout."""
+def _stop_once() -> Callable[[], None]:
+    """The handler of SIGTERM and SIGINT: the first starts the graceful shutdown; any later one is
+    ignored (the handlers stay, so no signal ever meets the default action), so a second signal (a
+    service manager that signals every process of the group, a Ctrl-C beside the supervisor's
+    SIGTERM) cannot break the shutdown that writes the last records.  The supervisor SIGKILLs a
+    worker that outlives its stop timeout."""
     from aiohttp.web import GracefulExit
 
-    if _STOPPING.is_set():
-        return
-    _STOPPING.set()
-    raise GracefulExit()
+    stopping = False
 
+    def stop() -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise GracefulExit()
 
-#: set by the first stop signal of this worker
-_STOPPING = threading.Event()
+    return stop
 
 
 def worker_app(config: Config, index: int, count: int, run_dir: Path, run_id: str) -> Any:
