@@ -45,7 +45,7 @@ from .preflight import check_base_url, check_proxy_scenarios
 from .progress import Progress
 from .replay import Prompts, Replays
 from .runner import run_plan
-from .sessions import Turn, replay_sessions, run_sessions
+from .sessions import Turn, replay_sessions, request_body, run_sessions
 from .tables import add_prompt_lengths, write_tables
 
 if TYPE_CHECKING:
@@ -191,13 +191,9 @@ class Driver:
         """A request of ``cell`` (its prompt: :meth:`.replay.Replays.prompt`), or ``given`` (prompt, max_tokens) by a trace."""
         prompt, max_tokens = given if given is not None else (
             self.replays.prompt(self.rng, cell.input_tokens, cell.chat), cell.output_tokens)
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-                                "stream": True, "stream_options": {"include_usage": True}}
         if cell.chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
-        else:
-            body["prompt"] = prompt
-        return body
+            return request_body(self.model, max_tokens, messages=[{"role": "user", "content": prompt}])
+        return request_body(self.model, max_tokens, prompt=prompt)
 
     async def one(self, cell: Cell, scenario: str, round_: int, due: Due | None = None,
                   open_loop: bool = False, turn: Turn | None = None,

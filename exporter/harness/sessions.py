@@ -27,7 +27,7 @@ from exporter.core.sse import SSEParser
 from .plan import Cell
 from .replay import TraceLine, sessions_of
 
-__all__ = ["Answer", "Turn", "run_sessions", "replay_sessions", "chat_body", "TOOL"]
+__all__ = ["Answer", "Turn", "run_sessions", "replay_sessions", "request_body", "TOOL"]
 
 Record = dict[str, Any]
 
@@ -114,9 +114,10 @@ class Turn:
         return {"session_id": self.session_id, "turn": self.turn, "tool_calls": self.answer.tool_calls}
 
 
-def chat_body(model: str | None, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
-    """A streamed chat request of ``load``: ``max_tokens`` with ``ignore_eos``, usage in the stream."""
-    return {"model": model, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+def request_body(model: str | None, max_tokens: int, **content: Any) -> dict[str, Any]:
+    """A streamed request of ``load``: ``content`` (its ``prompt``, or chat ``messages``), ``max_tokens``
+    with ``ignore_eos``, usage in the stream."""
+    return {"model": model, **content, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
 
 
@@ -132,7 +133,7 @@ class _Session:
     def turn(self, n: int, user_text: str) -> Turn:
         cell = self.cell
         messages = [*self.history, {"role": "user", "content": user_text}]
-        body = chat_body(self.model, messages, cell.output_tokens)
+        body = request_body(self.model, cell.output_tokens, messages=messages)
         if cell.tools:
             body.update(tools=[TOOL], tool_choice="auto")
         return Turn(self.id, n, body)  # a list of its own; the messages in it are never changed
@@ -190,7 +191,7 @@ async def replay_sessions(lines: Sequence[TraceLine], text: Callable[[TraceLine,
                 due = clock() + line.delay_s / speedup if line.delay_s is not None else max(due, clock())
             await asyncio.sleep(max(0.0, due - clock()))
             user = {"role": "user", "content": text(line, index[id(line)])}
-            turn = Turn(f"r{round_}-{k}-{tag}", n, chat_body(model, [*history, user], line.output_length))
+            turn = Turn(f"r{round_}-{k}-{tag}", n, request_body(model, line.output_length, messages=[*history, user]))
             record = await send(turn, due)
             records.append(record)
             if record.get("outcome") == "success":
