@@ -280,7 +280,7 @@ class Driver:
                      progress: Progress) -> tuple[list[dict[str, Any]], float]:
         records: list[dict[str, Any]] = []
         traced = [] if cell.trace is None else self.replays.lines(cell.trace)[:n]
-        sessions = any(line.session_id is not None for line in traced) and scenario != WARMUP
+        sessions = cell.trace is not None and self.replays.has_sessions(cell.trace, n) and scenario != WARMUP
         prompts = None if cell.trace is None else self.replays.prompts(  # read and framed before the clock starts
             cell.trace, cell.chat or sessions, cell.block_size, f"{scenario}/{round_}")
         self.replays.ready(cell.chat, cell.sessions is not None, cell.trace)  # a plan cell's framing, before it too

@@ -72,7 +72,7 @@ def _check_framing(driver: Driver, plan: Plan, path: str | None) -> None:
         for cell in (c for stage in plan.stages for c in stage.cells):
             if cell.trace is not None:  # a trace with sessions replays them in chat
                 driver.replays.framing(cell.chat, cell.block_size)
-                if any(line.session_id is not None for line in driver.replays.lines(cell.trace)[:cell.requests]):
+                if driver.replays.has_sessions(cell.trace, cell.requests):
                     driver.replays.framing(True, cell.block_size)
             driver.replays.ready(cell.chat, cell.sessions is not None, cell.trace)  # a plan cell's, a session's
     except TokenizerError as exc:

@@ -284,6 +284,10 @@ class Replays:
             self._traces[path] = read_trace(path)
         return self._traces[path]
 
+    def has_sessions(self, path: str, n: int) -> bool:
+        """Whether the first ``n`` lines of a trace hold AIPerf's multi-turn lines (replayed as sessions, in chat)."""
+        return any(line.session_id is not None for line in self.lines(path)[:n])
+
     def framing(self, chat: bool, block_size: int) -> Framing:
         """:func:`framing` with the tokenizer; nothing (a word per token) without one.  TokenizerError."""
         if self.tokenizer is None:
