@@ -37,7 +37,7 @@ import aiohttp
 from exporter.core.analysis import REASONS, RequestSpec, StreamAnalyzer
 from exporter.core.content import is_event_stream
 from exporter.proxy.records import JsonlWriter
-from exporter.proxy.transport import transport_reason
+from exporter.proxy.wire.errors import transport_reason
 
 from .announce import post_scenario
 from .plan import WARMUP, Cell, Plan, PlanError, Stage, load_plan

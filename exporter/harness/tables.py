@@ -2,7 +2,7 @@
 table printed by ``load`` and ``demo``.
 
 Every figure here is client-side: timed by the load driver from its own send to the last byte
-it read, so it includes the network and the proxy's hop; the proxy's records (``evidence
+it read, so it includes the network and the way through the proxy; the proxy's records (``evidence
 summarize``) are the primary numbers.  The text table is for people: milliseconds and
 percent.  The CSV and JSON keep base units, named in each column (``_s`` seconds, ``_ratio``
 and ``_attainment`` 0..1, ``_tok_s`` tokens per second; the rest are counts).
@@ -46,7 +46,7 @@ ROUND_COLUMNS = (
 )
 
 #: the first line of every text table: where its numbers come from
-TITLE = ("load driver's round table, client-side (timed at the client, network and proxy hop included; "
+TITLE = ("load driver's round table, client-side (timed at the client, network and the proxy included; "
          "the proxy's records are the primary numbers: evidence summarize)")
 
 #: (median key, column title, scale, decimals) of the text table

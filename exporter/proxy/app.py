@@ -26,7 +26,7 @@ from .gpu import GpuCollector, make_source, poll_forever
 from .metrics import EngineCollector
 from .scenario_api import scenario_handler, scenarios_handler
 from .state import CONFIG, STATE, ProxyState, Worker
-from .upstream import Pool, origin_of, request_head
+from .wire.upstream import Pool, origin_of, request_head
 
 __all__ = ["create_app", "CONFIG", "STATE", "ProxyState", "Worker"]
 

@@ -2,7 +2,7 @@
 
 One background task per engine (started with the app, or once in ``serve``'s supervisor for
 all its workers) asks the engine, through the proxy's own upstream client
-(:mod:`exporter.proxy.upstream`), but never on a measured request's way:
+(:mod:`exporter.proxy.wire.upstream`), but never on a measured request's way:
 
 * ``GET /health`` at most once a second: an answer below 500 is up; a refused or broken
   connection, a 5xx or no answer within :data:`HEALTH_TIMEOUT_S` is down, so an engine that
@@ -49,7 +49,7 @@ from exporter.core.timefmt import iso
 
 from .config import Config
 from .records import JsonlWriter
-from .upstream import Pool, origin_of, request_head
+from .wire.upstream import Pool, origin_of, request_head
 
 __all__ = ["EngineWatch", "EngineView", "redact", "REDACTED", "PROBE_USER_AGENT", "PROBE_INTERVAL_S",
            "HEALTH_TIMEOUT_S", "LOG_NAME", "identity_of"]

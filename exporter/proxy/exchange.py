@@ -1,11 +1,13 @@
 """One proxied, measured request: who it is, its relay, its measurement, its record.
 
-The :class:`exporter.proxy.relay.Relay` sends the request upstream once and passes the answer on
-read by read, byte for byte, feeding the measuring core (:mod:`exporter.core.analysis`) in the
-callback that received each read.  The exchange orchestrates: the request's typed
-:class:`~exporter.proxy.finish.Identity`, the relay, and the :class:`Measurement` it hands over.  Every request that reaches a measured route gets exactly one
-record, whatever happens: a header that cannot be parsed counts as absent, and a fault of
-the proxy itself is recorded as ``proxy_error``, never blamed on the engine or the client.
+The :class:`exporter.proxy.wire.relay.Relay` sends the request upstream once and passes the answer
+on read by read, byte for byte, feeding the measuring core (:mod:`exporter.core.analysis`) in the
+callback that received each read, and returns one frozen
+:class:`~exporter.proxy.wire.relay.Outcome`.  The exchange orchestrates: the request's typed
+:class:`~exporter.proxy.finish.Identity`, the relay, and the :class:`Measurement` it hands over.
+Every request that reaches a measured route gets exactly one record, whatever happens: a header
+that cannot be parsed counts as absent, and a fault of the proxy itself is recorded as
+``proxy_error``, never blamed on the engine or the client.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from exporter.core.usage import UsageEventFilter, ask_token_ids, inject_usage
 from .config import Engine
 from .finish import Identity, Measurement
 from .records import Capture
-from .relay import ClientGone, Relay
 from .scenarios import MAX_ROUND
 from .state import ProxyState
 from .trace import Traced
-from .transport import transport_reason
-from .upstream import origin_of, request_head
+from .wire.errors import transport_reason
+from .wire.relay import ClientGone, Outcome, Relay
+from .wire.upstream import origin_of, request_head
 
 __all__ = ["Exchange", "json_error"]
 
@@ -66,10 +68,12 @@ class Exchange:
         self.id = uuid.uuid4().hex
         self.spec = RequestSpec()
         self.identity = self._identity()
-        self.relay: Relay | None = None
+        self.relay: Relay | None = None  # while it runs: a cancelled request reads how far it got
+        self.outcome: Outcome | None = None  # what the relay did, once it ran
+        self.capture: Capture | None = None
         self.refused: web.HTTPException | None = None  # answered before forwarding (413)
         self.usage_injected = False
-        self.t0 = time.time()
+        self.arrived = time.time()  # the request's arrival as the handler saw it (no relay: its t0)
         self.lag_mark = state.loop_lag.mark()
         self.trace: asyncio.Future[Traced] | None = None  # the prompt's hashes (config trace)
 
@@ -78,7 +82,6 @@ class Exchange:
         state.metrics.arrivals.labels(self.engine.name, self.identity.scenario).inc()
         gauge = state.metrics.in_flight.labels(self.engine.name)
         gauge.inc()
-        state.in_flight += 1
         task = asyncio.current_task()
         if task is not None:
             state.exchanges.add(task)
@@ -86,12 +89,13 @@ class Exchange:
             try:
                 error, detail = await self._guarded()
             except asyncio.CancelledError:
+                if self.outcome is None and self.relay is not None:
+                    self.outcome = self.relay.outcome()  # as far as it got
                 error, detail = self._cancel_reason()
                 self._finish(error, detail)
                 raise
         finally:
             gauge.dec()
-            state.in_flight -= 1
             state.exchanges.discard(task)
         result, pending = self._finish(error, detail)
         if pending is not None:  # shielded: a client that leaves now must not cost the record
@@ -106,20 +110,20 @@ class Exchange:
     def _measure(self, error: str | None, detail: str | None) -> Measurement:
         """The core's verdict on what came back, with this request's identity and timings."""
         now = time.time()
-        relay = self.relay
-        analyzer = relay.analyzer if relay is not None else None
-        t0 = relay.t0 if relay is not None else self.t0
+        out = self.outcome
+        analyzer = out.analyzer if out is not None else None
+        t0 = out.t0 if out is not None else self.arrived
+        kept = self.capture if analyzer is not None else None
         if analyzer is None:  # no response at all: judge an empty one
             analyzer = StreamAnalyzer(t0, None, self.spec, streaming=False)
-        end = relay.end_t if relay is not None and relay.end_t is not None and error is None else now
+        end = self._end_of(out, error, now)
         result = analyzer.finish(end, error, detail)
-        kept = relay.capture if relay is not None and relay.analyzer is not None else None
         return Measurement(
             identity=self.identity, run_id=self.state.worker.run_id, result=result, start_unix=t0,
             usage_injected=self.usage_injected,
             timing_uncertainty_s=self.state.loop_lag.release(self.lag_mark),
-            kernel_stamps=relay is not None and relay.kernel_stamps,
-            client_backpressure_s=relay.backpressure_s if relay is not None else 0.0,
+            kernel_stamps=out is not None and out.kernel_stamps,
+            client_backpressure_s=out.backpressure_s if out is not None else 0.0,
             capture=kept,
             capture_meta={} if kept is None else {
                 "status": result.status,
@@ -132,6 +136,16 @@ class Exchange:
             },
             trace=self.trace,
         )
+
+    @staticmethod
+    def _end_of(out: Outcome | None, error: str | None, now: float) -> float:
+        """Where the request's E2E ends: the read that ended the stream; for a client that left
+        after ``[DONE]``, the read that carried it; else now (a failure)."""
+        if out is None or error is not None:
+            return now
+        if out.error is not None or out.end_t is None:  # the client left after [DONE] (_hangup_reason)
+            return out.done_t if out.done_t is not None else now
+        return out.end_t
 
     def _identity(self) -> Identity:
         """The request's labels from its headers; anything unparseable counts as absent."""
@@ -158,7 +172,9 @@ class Exchange:
             if self.state.tracer is not None:  # config trace: tokenized in its thread while the engine works
                 self.trace = self.state.tracer.submit(body, self.path.endswith("chat/completions"))
             self._inspect(body)
-            await self._relay(body)
+            self.outcome = await self._relay(body)
+            if self.outcome.error is not None:
+                raise self.outcome.error
         except ClientGone:
             return self._hangup_reason()
         except web.HTTPRequestEntityTooLarge as exc:
@@ -180,17 +196,17 @@ class Exchange:
         model = getattr(spec, "model", None)
         self.identity = dataclasses.replace(self.identity, stream=spec.stream, model=model)
 
-    async def _relay(self, body: bytes) -> None:
+    async def _relay(self, body: bytes) -> Outcome:
         state = self.state
         cfg = state.config
         pool = state.pool
         assert pool is not None, "proxy used before start-up"
         filt, body = self._inject(body)
         url = state.urls[(self.engine.name, self.path)]
-        capture = Capture(cfg.max_capture_bytes) if cfg.capture_raw_sse != "none" else None
+        self.capture = capture = Capture(cfg.max_capture_bytes) if cfg.capture_raw_sse != "none" else None
         self.relay = relay = Relay(self.request, cfg.timeouts, self.spec.stream, self._analyzer, filt, capture, self.id)
         head = request_head(self.request.method, url, self.request.raw_headers, len(body))
-        await relay.run(pool, origin_of(url), head, body)
+        return await relay.run(pool, origin_of(url), head, body)
 
     def _inject(self, body: bytes) -> tuple[UsageEventFilter | None, bytes]:
         """``token_ids: true``: ask for the output token ids; ``usage: inject``: ask for usage
@@ -205,19 +221,17 @@ class Exchange:
         self.usage_injected = True
         return UsageEventFilter(self.state.config.max_event_bytes), bytes(changed)
 
-    def _analyzer(self, status: int, streaming: bool) -> StreamAnalyzer:
+    def _analyzer(self, t0: float, status: int, streaming: bool) -> StreamAnalyzer:
         cfg = self.state.config
-        t0 = self.relay.t0 if self.relay is not None else self.t0
         return StreamAnalyzer(t0, status, self.spec, streaming=streaming,
                               max_line_bytes=cfg.max_line_bytes, max_event_bytes=cfg.max_event_bytes)
 
     def _hangup_reason(self) -> tuple[str | None, str | None]:
         """A client that hangs up after it was sent [DONE] has the whole
         response: the request is judged on the stream, which ended at [DONE]."""
-        relay = self.relay
-        if relay is not None and relay.analyzer is not None and relay.analyzer.done:
-            relay.end_t = relay.done_t
-            return None, None
+        out = self.outcome
+        if out is not None and out.analyzer is not None and out.analyzer.done:
+            return None, None  # its E2E ends at the read that carried [DONE] (_end_of)
         return "client_abort", "client closed the connection"
 
     def _cancel_reason(self) -> tuple[str | None, str | None]:
@@ -227,8 +241,8 @@ class Exchange:
 
     def _timeout_detail(self) -> str:
         t = self.state.config.timeouts
-        relay = self.relay
-        if relay is None or relay.analyzer is None or relay.analyzer.nbytes == 0:
+        out = self.outcome
+        if out is None or out.analyzer is None or out.analyzer.nbytes == 0:
             return f"no response body within first_byte_s={t.first_byte_s}"
         return f"no data within idle_s={t.idle_s} or total_s={t.total_s}"
 
@@ -238,7 +252,7 @@ class Exchange:
             exc = self.refused
             return web.Response(status=exc.status, text=exc.text, content_type="text/plain")
         relay = self.relay
-        resp = relay.response if relay is not None else None
+        resp = self.outcome.response if self.outcome is not None else None
         if relay is None or resp is None or not resp.prepared:
             if reason == "client_abort":
                 return web.Response(status=499)

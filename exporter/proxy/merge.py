@@ -11,7 +11,7 @@ written, so :class:`MergedValues` keeps:
 * per series (a family's samples that merge together: one label set, all workers' values, a
   histogram's buckets, sum and count), the merged samples of the last scrape: a series whose
   raw samples are the same is not merged again; the others are merged by prometheus_client's
-  own code (:func:`exporter.proxy.internals.accumulate`), one series at a time;
+  own code (:func:`exporter.proxy.valuefiles.accumulate`), one series at a time;
 * :mod:`exporter.proxy.exposition` keeps each series' encoded bytes beside the token of its
   merge, so an unchanged series is not encoded again either.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
-from .internals import VALUES, accumulate, parse_key, read_entries
+from .valuefiles import VALUES, accumulate, parse_key, read_entries
 
 __all__ = ["MergedValues", "MergedFamily", "Series"]
 

@@ -190,6 +190,14 @@ class ScenarioBoard:
     def active(self, engine: str) -> Active | None:
         return self._active.get(engine)
 
+    def actives(self) -> dict[str, Active]:
+        """Every engine's announced round now (a copy)."""
+        return dict(self._active)
+
+    def restore(self, active: dict[str, Active]) -> None:
+        """Take the announced rounds as the shared state holds them (:mod:`exporter.proxy.shared`)."""
+        self._active = dict(active)
+
     def announced(self) -> dict[str, dict[str, Any] | None]:
         """Per configured engine, the scenario and round announced now (``POST /-/scenario``), or None."""
         out: dict[str, dict[str, Any] | None] = {}

@@ -107,7 +107,7 @@ class SharedBoard:
             return
         self._seen, state = self._shared.read()
         active = state.get("active", {})
-        self._board._active = {e: Active(v[0], int(v[1])) for e, v in active.items()}
+        self._board.restore({e: Active(v[0], int(v[1])) for e, v in active.items()})
         self._since = {e: float(v[2]) for e, v in active.items()}
         self._board.rounds.load(state.get("rounds", []))
 
@@ -129,7 +129,7 @@ class SharedBoard:
             now = time.time()
             for e in done.changed:
                 self._since[e] = now
-            active = {e: [a.scenario, a.round, self._since.get(e, now)] for e, a in self._board._active.items()}
+            active = {e: [a.scenario, a.round, self._since.get(e, now)] for e, a in self._board.actives().items()}
             self._shared.write_locked({"active": active, "rounds": self._board.rounds.export()})
             self._seen = self._shared.version()
         return done

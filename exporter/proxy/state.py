@@ -21,7 +21,7 @@ from .records import JsonlWriter
 from .scenarios import ScenarioBoard
 from .sessions import SessionTurns
 from .trace import Tracer
-from .upstream import Pool
+from .wire.upstream import Pool
 
 __all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker", "new_run_id", "InFlight"]
 
@@ -110,7 +110,6 @@ class ProxyState:
         self.pool: Pool | None = None  # the proxy's own client to the engines (made at start-up)
         # upstream URLs parsed once, not per request
         self.urls = {(e.name, p): URL(f"{e.base_url}/{p}") for e in config.engines for p in MEASURED.values()}
-        self.in_flight = 0  # all engines together; the simulated GPUs follow it
         self.observers: list[Observer] = []  # filled at start-up (app.create_app)
         self.finisher = Finisher(config, self.metrics, self.requests_log, self.captures_dir, self.observers,
                                  self.spawn)
@@ -124,6 +123,11 @@ class ProxyState:
         for e in config.engines:
             self.metrics.initialise(e.name, [*config.scenarios, "none", "other"],
                                     timed=frozenset([*config.scenarios, "none"]))
+
+    @property
+    def in_flight(self) -> int:
+        """Measured requests in flight, all engines together (the simulated GPUs follow it)."""
+        return len(self.exchanges)
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``coro`` to its end even if the handler that started it is cancelled."""

@@ -6,7 +6,7 @@ time and for the first connection to the engine, and for the measuring core's fi
 So, before the first request:
 
 * one pooled keep-alive connection to each engine (the proxy's own upstream client,
-  :mod:`exporter.proxy.upstream`), opened by an unmeasured ``GET /health``
+  :mod:`exporter.proxy.wire.upstream`), opened by an unmeasured ``GET /health``
   (best effort: an engine that is not up yet costs at most ``WARM_TIMEOUT_S`` and nothing
   else; a non-200 answer warms the same code; an engine that closes idle connections sooner
   than the first request comes leaves the warmed code, not the connection);
@@ -25,8 +25,8 @@ from exporter.core.analysis import RequestSpec, analyze_bytes
 from exporter.core.usage import UsageEventFilter, inject_usage
 
 from .config import Config
-from .transport import UpstreamClosed, UpstreamConnectError
-from .upstream import Pool, origin_of, request_head
+from .wire.errors import UpstreamClosed, UpstreamConnectError
+from .wire.upstream import Pool, origin_of, request_head
 
 __all__ = ["warm_up", "WARM_TIMEOUT_S"]
 

@@ -92,7 +92,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed: a cheaper hop per request and per read."""
+    """uvloop when installed: less of the loop's own work per request and per read."""
     try:
         import uvloop
     except ImportError:
@@ -107,7 +107,7 @@ def _worker_main(config: Config, sock: socket.socket, index: int, count: int, ru
     os.setpgid(0, 0)  # a signal to serve's process group (Ctrl-C, killpg) reaches the supervisor only
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-    from .internals import use_multiprocess_values
+    from .valuefiles import use_multiprocess_values
 
     use_multiprocess_values()  # before any metric is made
     from aiohttp import web
@@ -209,7 +209,7 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     from .exposition import metrics_handler, render
     from .gpu import GpuCollector, make_source, poll_forever
     from .metrics import EngineCollector
-    from .upstream import Pool
+    from .wire.upstream import Pool
 
     registry = supervisor_registry(run_dir)
     watch = EngineWatch(config, run_id)

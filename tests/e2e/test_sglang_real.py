@@ -183,7 +183,7 @@ def test_sglang_bench_serving_ttft_agrees_with_records(
     assert len(proxy) == len(client) == BENCH_PROMPTS
     proxy_median, client_median = statistics.median(proxy), statistics.median(client)
     assert proxy_median <= client_median + 1e-6, (proxy_median, client_median)
-    # generous: the client's TTFT adds the hops through the proxy, slow on a busy 2-core machine;
+    # generous: the client's TTFT adds the way through the proxy, slow on a busy 2-core machine;
     # a proxy that stamped its first token too early (say at the request) would read far lower
     assert client_median / proxy_median <= 10, (client_median, proxy_median, proxy, client)
 

@@ -143,7 +143,7 @@ def test_vllm_bench_serve_ttft_agrees_with_records(bench_run: tuple[dict[str, An
     assert not late, f"proxy's ttfe_s after the client's TTFT: {late}"
     proxy_median = statistics.median(p for p, _ in pairs)
     client_median = statistics.median(c for _, c in pairs)
-    # generous: the client's TTFT adds the hops through the proxy, slow on a busy 2-core machine;
+    # generous: the client's TTFT adds the way through the proxy, slow on a busy 2-core machine;
     # a proxy that stamped its first event too early (say at the request) would read far lower
     assert client_median / proxy_median <= 10, (client_median, proxy_median, pairs)
 

@@ -79,7 +79,7 @@ def test_f6_content_type_is_one_case_insensitive_decision() -> None:
 
 def test_f6_proxy_and_load_driver_use_the_same_decision() -> None:
     import exporter.harness.load as load
-    import exporter.proxy.relay as relay
+    import exporter.proxy.wire.relay as relay
 
     assert load.is_event_stream is is_event_stream and relay.is_event_stream is is_event_stream
 

@@ -208,8 +208,8 @@ async def test_under_serve_the_supervisor_watches_once_for_all_workers(
     each worker forwards ``GET /-/engines`` to it, and /metrics has the two gauges once."""
     from prometheus_client import values
 
-    from exporter.proxy.internals import use_multiprocess_values
     from exporter.proxy.shared import SharedScenarios
+    from exporter.proxy.valuefiles import use_multiprocess_values
     from exporter.proxy.workers import render_forever, worker_app
 
     run_dir = tmp_path / "serve"

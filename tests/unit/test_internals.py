@@ -1,4 +1,4 @@
-"""The library contracts the proxy relies on (exporter/proxy/internals.py), each exercised by
+"""The library contracts the proxy relies on (exporter/proxy/wire/writer.py, exporter/proxy/valuefiles.py), each exercised by
 name against the installed releases (CI: at the floor and at the newest): aiohttp's response
 writer beneath the relay, through real sockets, and prometheus_client's multiprocess values,
 through real files.  A release that breaks one turns its test red."""
@@ -16,7 +16,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from exporter.proxy.internals import client_writing_paused, use_multiprocess_values, write_body
+from exporter.proxy.valuefiles import use_multiprocess_values
+from exporter.proxy.wire.writer import client_writing_paused, write_body
 
 PARTS = [b"data: %d\n\n" % i for i in range(20)] + [b"x" * 20000]
 

@@ -90,11 +90,42 @@ def test_core_is_pure(path: Path) -> None:
 def test_proxy_imports_only_the_core_and_the_boards_knobs() -> None:
     """The proxy imports neither the harness nor the evidence tool; of the boards' package only
     the mixin's knobs (the SLO the boards draw), which import nothing but the standard library."""
-    for path in (ROOT / "exporter" / "proxy").glob("*.py"):
+    for path in (ROOT / "exporter" / "proxy").rglob("*.py"):
         bad = {m for m in _imports_in(path)
                if m.startswith(("exporter.harness", "exporter.evidence", "dashboards")) and m != "dashboards.mixin"}
         assert not bad, f"{path.name} imports {sorted(bad)}"
     assert _graph()["dashboards.mixin"] == set()
+
+
+def test_the_wire_imports_the_core_and_nothing_else_of_the_proxy() -> None:
+    """``exporter/proxy/wire/`` is the floor of the proxy: a request's bytes between its two
+    sockets, measured by the core; the rest of the proxy (config, metrics, records) stands above."""
+    wire = ROOT / "exporter" / "proxy" / "wire"
+    assert sorted(p.name for p in wire.glob("*.py")), "the wire package is gone"
+    for path in wire.glob("*.py"):
+        bad = {m for m in _imports_in(path) if m.startswith("exporter.") and not m.startswith(
+            ("exporter.core", "exporter.proxy.wire"))}
+        assert not bad, f"wire/{path.name} imports {sorted(bad)}"
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    """In the proxy, ``obj._name`` is read or written only by the module that defines ``_name``:
+    one module's private state is not another's interface (the libraries' internals it relies on
+    are declared in valuefiles.py and wire/writer.py, and exercised by test_internals.py)."""
+    declared = {"_accumulate_metrics", "_multiprocess_mode", "_read_metrics", "_exit"}
+    found = []
+    for path in sorted((ROOT / "exporter" / "proxy").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        own = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+               and n.value.id in ("self", "cls")}
+        own |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        own |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+                    and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+                    and n.attr not in own and n.attr not in declared):
+                found.append(f"{path.relative_to(ROOT)}:{n.lineno}: .{n.attr}")
+    assert not found, found
 
 
 def test_dashboards_import_nothing_of_the_exporter() -> None:

@@ -47,7 +47,7 @@ def test_transport_reasons_are_named_alike_for_proxy_and_driver() -> None:
     import aiohttp
     from aiohttp.client_reqrep import ConnectionKey
 
-    from exporter.proxy.transport import transport_reason
+    from exporter.proxy.wire.errors import transport_reason
 
     key = ConnectionKey("h", 1, False, True, None, None, None)
     assert transport_reason(aiohttp.ClientConnectorError(key, OSError(111, "refused"))) == "connect_error"

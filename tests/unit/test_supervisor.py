@@ -20,9 +20,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.proxy.exposition import render
-from exporter.proxy.internals import use_multiprocess_values
 from exporter.proxy.scenarios import END_NAME, MAX_ROUNDS, START_NAME
 from exporter.proxy.shared import SharedScenarios
+from exporter.proxy.valuefiles import use_multiprocess_values
 from exporter.proxy.workers import render_forever, supervisor_registry, worker_app
 
 from tests.helpers import make_config, read_records

@@ -1,4 +1,4 @@
-"""The proxy's own upstream client (exporter/proxy/upstream.py) against real sockets: aiohttp
+"""The proxy's own upstream client (exporter/proxy/wire/upstream.py) against real sockets: aiohttp
 servers for the ordinary answers, raw asyncio servers for the framings aiohttp never sends
 (interim 100, a body ended by the close, garbage, a keep-alive close race)."""
 
@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from exporter.proxy.transport import UpstreamClosed, UpstreamConnectError, transport_reason
-from exporter.proxy.upstream import Pool, Response, origin_of, request_head
+from exporter.proxy.wire.errors import UpstreamClosed, UpstreamConnectError, transport_reason
+from exporter.proxy.wire.upstream import Pool, Response, origin_of, request_head
 
 PIECES = [b"data: %d\n\n" % i for i in range(50)]
 
@@ -304,7 +304,7 @@ def test_under_uvloop_as_serve_runs_it() -> None:
 
 async def test_idle_connections_expire_and_one_that_speaks_unasked_is_closed(
         raw_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter.proxy import upstream
+    from exporter.proxy.wire import upstream
 
     writers: list[asyncio.StreamWriter] = []
 

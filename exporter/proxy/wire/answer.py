@@ -1,5 +1,5 @@
 """One answer from an engine, as the request's side sees it: status and headers, then its body,
-read by read, each with the moment it arrived (:mod:`exporter.proxy.upstream` fills it)."""
+read by read, each with the moment it arrived (:mod:`exporter.proxy.wire.upstream` fills it)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,16 @@ class Response:
 
     # -- the connection's side ----------------------------------------------------------------
 
-    def _end(self, error: BaseException | None, stamp: float) -> None:
+    def data_received(self, data: bytes, stamp: float) -> None:
+        """A body read, to the sink once attached; until then it waits, in order."""
+        sink = self._sink
+        if sink is not None:
+            sink.on_data(data, stamp)
+        else:
+            self._pending.append((data, stamp))
+
+    def connection_lost(self, error: BaseException | None, stamp: float) -> None:
+        """The answer ended (``error`` None) or failed, at ``stamp``; the first call wins."""
         if self._eof or self._error is not None:
             return
         self.end_stamp = stamp

@@ -6,7 +6,7 @@ that reads slowly would then leave its whole stream in the kernel, out of the pr
 transport never fills, its protocol never hears ``pause_writing``.  So a streaming response's
 socket gets a small fixed send buffer (``SO_SNDBUF``; the kernel doubles it for its own
 bookkeeping) and its transport a small high-water mark: beyond some 40 KiB that the client has not
-taken, the relay sees back-pressure (:mod:`exporter.proxy.relay`).  An SSE stream's pace (tens of
+taken, the relay sees back-pressure (:mod:`exporter.proxy.wire.relay`).  An SSE stream's pace (tens of
 KB/s) leaves that room unused for any client that keeps up.  One ``setsockopt`` per request, none
 per read.
 """

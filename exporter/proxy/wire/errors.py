@@ -1,6 +1,6 @@
 """What a transport failure means for the verdict.
 
-Shared by the proxy (its own upstream client, :mod:`exporter.proxy.upstream`) and the load
+Shared by the proxy (its own upstream client, :mod:`exporter.proxy.wire.upstream`) and the load
 driver (aiohttp's client), so both name the same failure the same way.
 """
 

@@ -1,9 +1,9 @@
-"""The relay (exporter/proxy/relay.py), through its public path: a real aiohttp upstream, the real
+"""The relay (exporter/proxy/wire/relay.py), through its public path: a real aiohttp upstream, the real
 proxy app and real client sockets.  The client gets the upstream's bytes however the reads
 are split, and the verdict does not depend on the split; a client that stops reading pauses
-the upstream until it drains; a client that leaves ends the splice.
+the upstream until it drains; a client that leaves ends the relay.
 
-How long a pause takes to resume is timed in ``bench/hop_timing.py``, never here."""
+How long a pause takes to resume is timed in ``bench/backpressure_timing.py``, never here."""
 
 from __future__ import annotations
 
@@ -240,7 +240,7 @@ async def test_a_client_that_stops_reading_pauses_the_upstream(upstream, proxy_f
 async def test_back_pressure_is_counted_on_a_pooled_upstream_connection(upstream, proxy_factory,
                                                                        tmp_path: Path) -> None:
     """The second slow client's request reuses the upstream connection: its answer goes
-    through the splice too, and its back-pressure is counted."""
+    through the relay too, and its back-pressure is counted."""
     up, server = upstream
     client = await proxy_factory(server.port)
     for _ in range(2):
@@ -252,7 +252,7 @@ async def test_back_pressure_is_counted_on_a_pooled_upstream_connection(upstream
     assert all(r["client_backpressure_s"] > 0 for r in records), [r["client_backpressure_s"] for r in records]
 
 
-async def test_a_client_that_leaves_ends_the_splice(upstream, proxy_factory, tmp_path: Path) -> None:
+async def test_a_client_that_leaves_ends_the_relay(upstream, proxy_factory, tmp_path: Path) -> None:
     """The client reads the first event and hangs up: the request is the client's abort, and
     nothing is analysed that the client was not sent (the upstream's next event is written
     only once the record is)."""
@@ -289,7 +289,7 @@ async def test_a_client_that_leaves_ends_the_splice(upstream, proxy_factory, tmp
 
 
 async def test_no_read_within_idle_s_is_a_timeout(upstream, proxy_factory, tmp_path: Path) -> None:
-    """The upstream sends one event and then nothing: the splice's idle deadline ends it (the
+    """The upstream sends one event and then nothing: the relay's idle deadline ends it (the
     first-byte deadline: ``test_proxy.py::test_slow_first_byte_after_headers``)."""
     up, server = upstream
     release = asyncio.Event()

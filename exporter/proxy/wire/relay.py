@@ -2,11 +2,11 @@
 
 A :class:`Relay` owns everything of one request between the proxy's two sockets, on two clocks
 with one job each: the loop's (``loop.time()``) for every deadline, the stamps' (unix seconds:
-the kernel's receive time for a plain upstream socket, :mod:`exporter.proxy.stamped`) for every
-measurement.
+the kernel's receive time for a plain upstream socket, :mod:`exporter.proxy.wire.stamped`) for
+every measurement.
 
 * ``t0`` is taken when the request leaves for the engine; it goes upstream once
-  (:meth:`exporter.proxy.upstream.Pool.request`).
+  (:meth:`exporter.proxy.wire.upstream.Pool.request`).
 * Each upstream read reaches :meth:`on_data` from the upstream socket's callback, with its stamp:
   the bytes (the usage filter's output, when the proxy asked for usage the client did not) are
   written to the client's transport, chunk-framed when its response is chunked, then fed to the
@@ -17,12 +17,13 @@ measurement.
   within ``total_s``; one loop timer, re-armed only when it fires.
 * Client back-pressure is event-driven: the client's transport calls its protocol's
   ``pause_writing`` past a small high-water mark (the kernel's send buffer for a streaming client
-  is capped too, :mod:`exporter.proxy.clientsock`, so a slow reader's bytes wait where they are
+  is capped too, :mod:`exporter.proxy.wire.clientsock`, so a slow reader's bytes wait where they are
   seen); the relay then pauses the upstream and waits for ``resume_writing`` through the writer's
   ``drain``.  The episode is the time in between.
 
-The contracts with aiohttp's response writer that this relies on are declared in
-:mod:`exporter.proxy.internals`.
+:meth:`Relay.run` returns one frozen :class:`Outcome`: everything the exchange reads of the relay,
+once.  The contracts with aiohttp's response writer that this relies on are declared in
+:mod:`exporter.proxy.wire.writer`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -40,12 +43,10 @@ from exporter.core.usage import UsageEventFilter
 
 from .answer import Response
 from .clientsock import limit_unsent
-from .config import Timeouts
-from .internals import client_writing_paused, write_body
-from .records import Capture
 from .upstream import HOP_BY_HOP, Origin, Pool
+from .writer import client_writing_paused, write_body
 
-__all__ = ["Relay", "ClientGone", "ProxyFault"]
+__all__ = ["Relay", "Outcome", "Deadlines", "Keeper", "ClientGone", "ProxyFault"]
 
 
 class ClientGone(Exception):
@@ -56,14 +57,49 @@ class ProxyFault(Exception):
     """Our own code failed on a read (the analyzer, the usage filter): never the engine's fault."""
 
 
-AnalyzerFactory = Callable[[int, bool], StreamAnalyzer]  # (status, streaming) -> analyzer
+AnalyzerFactory = Callable[[float, int, bool], StreamAnalyzer]  # (t0, status, streaming) -> analyzer
+
+
+class Deadlines(Protocol):
+    """The relay's deadlines, in seconds (config ``timeouts``)."""
+
+    @property
+    def first_byte_s(self) -> float: ...
+
+    @property
+    def idle_s(self) -> float: ...
+
+    @property
+    def total_s(self) -> float: ...
+
+
+class Keeper(Protocol):
+    """Where the answer's reads are kept when the config asks for raw captures."""
+
+    def add(self, chunk: bytes, offset: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one relay did, as the exchange reads it: once, at the request's end (or at its
+    cancellation, as far as it got)."""
+
+    t0: float  # the request left for the engine (unix seconds, the stamps' clock)
+    t0_source: str  # "kernel": its last byte's transmit stamp; "loop": time.time() at the write
+    end_t: float | None  # the stamp of the read that ended the stream (None: not ended)
+    done_t: float | None  # the stamp of the read that completed ``data: [DONE]``
+    analyzer: StreamAnalyzer | None  # None: no answer's head came
+    response: web.StreamResponse | None  # the client's, once its head was prepared
+    kernel_stamps: bool  # every read of the answer carried the kernel's stamp
+    backpressure_s: float  # time the client left bytes untaken
+    error: BaseException | None  # ClientGone, TimeoutError, the upstream's error or our ProxyFault
 
 
 class Relay:
     """Sends one request upstream once and passes its answer on; see the module's docstring."""
 
-    def __init__(self, request: web.Request, timeouts: Timeouts, stream: bool, analyzer_for: AnalyzerFactory,
-                 usage_filter: UsageEventFilter | None, capture: Capture | None, request_id: str) -> None:
+    def __init__(self, request: web.Request, timeouts: Deadlines, stream: bool, analyzer_for: AnalyzerFactory,
+                 usage_filter: UsageEventFilter | None, capture: Keeper | None, request_id: str) -> None:
         self.request = request
         self.stream = stream  # what the client asked (the content type decides where it is vague)
         self.timeouts = timeouts
@@ -72,6 +108,7 @@ class Relay:
         self.capture = capture
         self.request_id = request_id
         self.t0 = time.time()  # reset when the request leaves
+        self.t0_source = "loop"
         self.analyzer: StreamAnalyzer | None = None
         self.response: web.StreamResponse | None = None
         self.end_t: float | None = None  # stamp of the read that ended the stream
@@ -94,9 +131,10 @@ class Relay:
 
     # -- the request's coroutine --------------------------------------------------------------
 
-    async def run(self, pool: Pool, origin: Origin, head: bytes, body: bytes) -> None:
-        """Send the request, pass the answer on until it ends; raise its error (ClientGone,
-        TimeoutError, UpstreamConnectError, UpstreamClosed, or our own ProxyFault)."""
+    async def run(self, pool: Pool, origin: Origin, head: bytes, body: bytes) -> Outcome:
+        """Send the request, pass the answer on until it ends; its outcome, whose ``error`` says
+        how it failed (ClientGone, TimeoutError, UpstreamConnectError, UpstreamClosed, or our own
+        ProxyFault).  A bug of ours beyond a read's callback still raises."""
         loop = asyncio.get_running_loop()
         self._clock = loop.time
         t = self.timeouts
@@ -104,17 +142,30 @@ class Relay:
         self._total_due = start + t.total_s
         self._first_due = min(start + t.first_byte_s, self._total_due)
         self.t0 = time.time()
-        async with asyncio.timeout_at(self._first_due):
-            upstream = await pool.request(origin, head, body)
+        try:
+            async with asyncio.timeout_at(self._first_due):
+                upstream = await pool.request(origin, head, body)
+        except (OSError, TimeoutError) as exc:  # no answer's head: connect error, closed, timed out
+            self.error = exc
+            return self.outcome()
         try:
             await self._pass_on(upstream, loop)
+        except ClientGone as exc:
+            self.error = exc
         finally:
             self.kernel_stamps = upstream.kernel_stamps
             upstream.release()
+        return self.outcome()
+
+    def outcome(self) -> Outcome:
+        """What the relay did so far (the whole of it once :meth:`run` returned)."""
+        return Outcome(t0=self.t0, t0_source=self.t0_source, end_t=self.end_t, done_t=self.done_t,
+                       analyzer=self.analyzer, response=self.response, kernel_stamps=self.kernel_stamps,
+                       backpressure_s=self.backpressure_s, error=self.error)
 
     async def _pass_on(self, upstream: Response, loop: asyncio.AbstractEventLoop) -> None:
         streaming = is_event_stream(upstream.headers.get("Content-Type"), self.stream)
-        self.analyzer = self.analyzer_for(upstream.status, streaming)
+        self.analyzer = self.analyzer_for(self.t0, upstream.status, streaming)
         if upstream.status != 200 or not streaming:
             self.filter = None
         await self._open_client(upstream, streaming)
@@ -141,8 +192,6 @@ class Relay:
             if self._timer is not None:
                 self._timer.cancel()
             self._end_episode()
-        if self.error is not None:
-            raise self.error
 
     async def _open_client(self, upstream: Response, streaming: bool) -> None:
         """The client's response head: the upstream's status and end-to-end headers, chunked."""

@@ -1,14 +1,14 @@
-"""The hop's back-pressure, timed: how far an upstream gets while the client reads nothing,
+"""The relay's back-pressure, timed: how far an upstream gets while the client reads nothing,
 and how soon it writes again once the client reads.
 
-    python bench/hop_timing.py [--episodes 10] [--mib 24]
+    python bench/backpressure_timing.py [--episodes 10] [--mib 24]
 
 The upstream, the proxy (``create_app``, in-process) and a client with a 16 KiB receive buffer
 share one event loop.  Each episode: the client sends a request and reads nothing until the
 upstream has written nothing for 0.2 s; then it reads the answer to its end.  Printed per
 episode and as medians: the MiB the upstream wrote before it stalled, the milliseconds from
 the client's first read to the upstream's next completed write (the resume), and the
-record's ``client_backpressure_s``.  ``tests/unit/test_proxy_hop.py`` checks the same
+record's ``client_backpressure_s``.  ``tests/unit/test_relay_backpressure.py`` checks the same
 behaviour by bytes, not by time.
 """
 

@@ -5,19 +5,19 @@ and headers, then hand me each body read, with the moment it arrived, in the cal
 received it.  So this module speaks HTTP/1.1 itself, with llhttp (``httptools``, the parser
 uvicorn uses) reading the answer's framing:
 
-* a plain connection is a :class:`exporter.proxy.stamped.StampedSocket`: each read carries the
+* a plain connection is a :class:`exporter.proxy.wire.stamped.StampedSocket`: each read carries the
   kernel's receive stamp (``CLOCK_REALTIME``); a TLS one is an asyncio transport whose reads are
   stamped with ``time.time()`` when the loop runs them (same clock, the loop's lateness included);
 * the request (head and body) goes out in one write, once: it is never sent again, whatever
   happens to the connection (a measuring proxy must not re-run a non-idempotent request);
 * the status and headers wake the request's coroutine once; every body read after that goes
-  straight to its sink (:class:`exporter.proxy.relay.Relay`); body bytes that came before the
+  straight to its sink (:class:`exporter.proxy.wire.relay.Relay`); body bytes that came before the
   sink was attached wait in the response, in order, with their stamps;
 * a connection whose answer ended cleanly with keep-alive goes back to its origin's idle list
   (last in, first out) and is used again only within ``KEEPALIVE_S`` (4 s), before uvicorn, under
   vLLM and SGLang, closes an idle one (5 s); anything else is closed.
 
-Errors are :mod:`exporter.proxy.transport`'s: a connection that could not be opened is
+Errors are those of :mod:`exporter.proxy.wire.errors`: a connection that could not be opened is
 ``UpstreamConnectError`` (``connect_error``); one that broke, or an answer llhttp refused, is
 ``UpstreamClosed`` (``upstream_disconnect``), also when it closed after the request was written
 and before any answer (its detail says so).
@@ -36,8 +36,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from .answer import Response, Sink
+from .errors import UpstreamClosed, UpstreamConnectError
 from .stamped import StampedSocket, TLSStream
-from .transport import UpstreamClosed, UpstreamConnectError
 
 __all__ = ["Pool", "Response", "Sink", "Origin", "origin_of", "request_head", "HOP_BY_HOP", "KEEPALIVE_S"]
 
@@ -122,9 +122,9 @@ class _Connection:
             return
         now = time.time()
         if resp.until_close and resp.head.done() and exc is None:
-            resp._end(None, now)  # read-until-close body: the close is its end
+            resp.connection_lost(None, now)  # read-until-close body: the close is its end
         else:
-            resp._end(UpstreamClosed(self._closed_detail(exc, now)), now)
+            resp.connection_lost(UpstreamClosed(self._closed_detail(exc, now)), now)
 
     def _closed_detail(self, exc: BaseException | None, now: float) -> str:
         detail = f": {exc}" if exc is not None else ""
@@ -169,18 +169,14 @@ class _Connection:
     def on_body(self, body: bytes) -> None:  # the hot path: one call to the sink, no more
         resp = self.response
         if resp is not None and resp.status:
-            sink = resp._sink
-            if sink is not None:
-                sink.on_data(body, self._stamp)
-            else:
-                resp._pending.append((body, self._stamp))
+            resp.data_received(body, self._stamp)
 
     def on_message_complete(self) -> None:
         resp = self.response
         if resp is None or not resp.status:  # the end of an interim answer
             return
         self.reusable = self.parser.should_keep_alive()
-        resp._end(None, self._stamp)  # E2E ends at the read that completed the answer
+        resp.connection_lost(None, self._stamp)  # E2E ends at the read that completed the answer
 
     # -- the pool's side ----------------------------------------------------------------------
 
@@ -220,7 +216,7 @@ class _Connection:
     def _fail(self, error: BaseException) -> None:
         resp = self.response
         if resp is not None:
-            resp._end(error, self._stamp or time.time())
+            resp.connection_lost(error, self._stamp or time.time())
         self.close()
 
     def close(self) -> None:
