@@ -11,6 +11,11 @@ Bucket bounds (seconds) are explicit so that reports can quote them:
 
 Every series of a configured engine and scenario exists from start-up at zero
 (:meth:`ProxyMetrics.initialise`), so windowed deltas also count a scenario's first requests.
+One exception keeps ``/metrics`` small: the engine's own clock (queue, prefill, the rest of TTFT)
+is told by few engines (vLLM with ``--enable-per-request-metrics``), so its three histograms
+(about 200 series per engine and scenario) are made at zero for all of an engine's scenarios
+when that engine first tells it; a window that starts before that request misses that one
+request's parts (its count is in the totals from then on).
 
 With ``serve --workers N`` the values live in prometheus_client's multiprocess files and the
 supervisor renders them merged (:mod:`exporter.proxy.workers`): counters and histograms add
@@ -137,6 +142,8 @@ class ProxyMetrics:
         self.registry = registry
         self.config = config
         self.worker = worker
+        self._timed: dict[str, tuple[str, ...]] = {}  # per engine, the scenarios its histograms cover
+        self._clocked: set[str] = set()  # engines that told their own clock (their histograms exist)
         self.ttft = Histogram(
             "llmbench_time_to_first_token_seconds",
             "Time to the first non-empty visible text, successful requests.",
@@ -244,9 +251,17 @@ class ProxyMetrics:
             self.arrivals.labels(engine, scenario)
             self.backpressure.labels(engine, scenario)
             if scenario in timed:  # histograms are ~180 series each: only where asked
-                for histogram in (self.ttft, self.tpot, self.e2e, self.engine_queue, self.engine_prefill,
-                                  self.ttft_outside):  # the engine's clock too: a short round's parts all count
+                for histogram in (self.ttft, self.tpot, self.e2e):
                     histogram.labels(engine, scenario)
+        self._timed[engine] = tuple(s for s in scenarios if s in timed)
+
+    def _clock_told(self, engine: str) -> None:
+        """The engine told its own clock for the first time: its clock's histograms, at zero
+        for every scenario it is timed in (a short round's parts then all count)."""
+        self._clocked.add(engine)
+        for scenario in self._timed.get(engine, ()):
+            for histogram in (self.engine_queue, self.engine_prefill, self.ttft_outside):
+                histogram.labels(engine, scenario)
 
     def observe_request(self, engine: str, scenario: str, result: Result, slo_verdict: str | None,
                         uncertainty_s: float, backpressure_s: float) -> None:
@@ -279,6 +294,8 @@ class ProxyMetrics:
                 self.goodput_tokens.labels(engine, scenario).inc(result.completion_tokens)
 
     def _observe_engine_clock(self, engine: str, scenario: str, result: Result) -> None:
+        if engine not in self._clocked:
+            self._clock_told(engine)
         for histogram, value in ((self.engine_queue, result.engine_queue_s),
                                  (self.engine_prefill, result.engine_prefill_s),
                                  (self.ttft_outside, result.ttft_outside_engine_s)):

@@ -88,3 +88,7 @@ async def test_records_and_histograms_carry_the_engine_clock(aiohttp_server: Any
     for name in ("llmbench_engine_queue_seconds_count", "llmbench_engine_prefill_seconds_count",
                  "llmbench_ttft_outside_engine_seconds_count"):
         assert metric_value(text, name, engine="vllm") == 1, name
+        # told once, the clock's series exist at zero for every other scenario of the engine too,
+        # so that a later round shorter than a scrape interval is counted whole
+        for scenario in ("short-c1", "short-c32"):
+            assert f'{name}{{engine="vllm",scenario="{scenario}"}} 0.0' in text, (name, scenario)

@@ -1,7 +1,8 @@
 """The comparison board's "Where TTFT goes": per engine, the exact means of queue, prefill and
 outside-the-engine stacked so that they add up to the mean TTFT (Grafana and the PNG board alike),
-beside the P95 of each part; the three histograms exist at zero from the start, so that a round
-shorter than a scrape interval is counted whole."""
+beside the P95 of each part; the three histograms exist at zero for every scenario of an engine
+from the first time it tells its clock, so that a later round shorter than a scrape interval is
+counted whole."""
 
 from __future__ import annotations
 
@@ -84,13 +85,15 @@ def test_the_png_board_fills_each_part_and_tops_out_at_the_mean_ttft() -> None:
     plt.close(fig)
 
 
-async def test_the_parts_histograms_exist_at_zero_before_any_request(proxy_factory: Any) -> None:
+async def test_no_parts_histograms_before_an_engine_tells_its_clock(proxy_factory: Any) -> None:
+    """Few engines tell their own clock: /metrics carries no ~200 series per scenario of zeros
+    for those that never do (tests/unit/test_engine_timing.py: they appear, at zero for every
+    scenario, when one does)."""
     client = await proxy_factory(1)  # no request: nothing reaches the upstream
     text = await (await client.get("/metrics")).text()
+    assert "llmbench_time_to_first_token_seconds_count{" in text  # the page itself is there
     for name in HISTOGRAMS:
-        for scenario in ("short-c1", "short-c32", "none"):  # every scenario of the config, and none
-            assert f'{name}_count{{engine="vllm",scenario="{scenario}"}} 0.0' in text, (name, scenario)
-        assert metric_value(text, f"{name}_count", engine="sglang") == 0, name
+        assert f"{name}_count{{" not in text, name
 
 
 class _Prom:
