@@ -269,6 +269,7 @@ GPU = Board(
 
 _LAG = "llmbench_proxy_event_loop_lag_seconds"
 _UNCERTAINTY = "llmbench_request_timing_uncertainty_seconds"
+_ADDED = "llmbench_proxy_added_seconds"
 _UNCERTAINTY_SEL = (MIXIN.engine_matcher(), _INST)
 INTERNALS = Board(
     uid="llmbench-engine-internals",
@@ -311,11 +312,15 @@ INTERNALS = Board(
                         rule=f"engine:{_UNCERTAINTY}:p95_rate1m", right=True),
                   Query(_p(1, _UNCERTAINTY, E, *_UNCERTAINTY_SEL), f"{LEGEND} timing error max", "C", right=True),
                   Query(_p(0.95, "llmbench_time_to_first_token_seconds", E, MIXIN.engine_matcher(), _INST),
-                        f"{LEGEND} proxy TTFT P95", "D")),
+                        f"{LEGEND} proxy TTFT P95", "D"),
+                  Query(_p(0.95, _ADDED, E, *_UNCERTAINTY_SEL), f"{LEGEND} proxy added P95", "E", right=True)),
               description="How late the proxy's timestamps can be, as the requests felt it: the P95 and the max "
                           "(to its bucket's bound) of each finished request's timing_uncertainty_s (the largest "
                           "loop lag while it was in flight), beside the event-loop lag P99 per proxy (and worker), "
-                          "on the right axis; the TTFT they bound on the left. A short stall is a tiny share of the "
+                          "on the right axis, with the P95 of what the proxy added to the TTFT its clients saw "
+                          "(proxy_added_s: the request's hold before it left for the engine, and the first text's "
+                          "before it left for the client; a client's TTFT is the record's ttft_s plus it); the TTFT "
+                          "they bound on the left. A short stall is a tiny share of the "
                           "loop's samples but the whole story for every request in flight during it. The "
                           f"LLMBenchProxyLagging alert fires when the timing error P95 is above "
                           f"{MIXIN.proxy_lag_max_s * 1000:g} ms for 5 minutes."),

@@ -30,6 +30,7 @@ from .records import Capture
 from .scenarios import MAX_ROUND
 from .state import ProxyState
 from .trace import Traced
+from .wire.clientsock import received_at
 from .wire.errors import transport_reason
 from .wire.relay import ClientGone, Outcome, Relay
 from .wire.upstream import origin_of, request_head
@@ -50,6 +51,19 @@ def json_error(status: int, message: str, kind: str) -> web.Response:
 def _safe_id(value: str | None) -> str | None:
     """A client's id header when it is a safe id (letters, digits, ``._:-``, 1-128), else None."""
     return value if value and _SAFE_ID.fullmatch(value) else None
+
+
+#: a request the kernel received this much before the handler ran waited in the receive queue
+#: (the kernel's figure has its tick's resolution: a few milliseconds)
+QUEUED_S = 0.005
+
+
+def _arrival(request: web.Request) -> float:
+    """When the request arrived: the handler's start, or the kernel's receipt of its data where
+    that is clearly earlier (the loop was busy while it waited in the socket's receive queue)."""
+    now = time.time()
+    kernel = received_at(request.transport)
+    return kernel if kernel is not None and kernel < now - QUEUED_S else now
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -73,7 +87,7 @@ class Exchange:
         self.capture: Capture | None = None
         self.refused: web.HTTPException | None = None  # answered before forwarding (413)
         self.usage_injected = False
-        self.arrived = time.time()  # the request's arrival as the handler saw it (no relay: its t0)
+        self.arrived = _arrival(request)  # no relay: this is its t0 too
         self.lag_mark = state.loop_lag.mark()
         self.trace: asyncio.Future[Traced] | None = None  # the prompt's hashes (config trace)
 
@@ -124,6 +138,8 @@ class Exchange:
             timing_uncertainty_s=self.state.loop_lag.release(self.lag_mark),
             kernel_stamps=out is not None and out.kernel_stamps,
             client_backpressure_s=out.backpressure_s if out is not None else 0.0,
+            t0_source=out.t0_source if out is not None else "loop",
+            proxy_added_s=self._added(out),
             capture=kept,
             capture_meta={} if kept is None else {
                 "status": result.status,
@@ -136,6 +152,13 @@ class Exchange:
             },
             trace=self.trace,
         )
+
+    def _added(self, out: Outcome | None) -> float | None:
+        """What the proxy added to the client's TTFT: the request's hold from its arrival to
+        ``t0``, and the first visible text's from its arrival to its write to the client."""
+        if out is None or out.first_hold_s is None:
+            return None
+        return max(0.0, out.t0 - self.arrived) + out.first_hold_s
 
     @staticmethod
     def _end_of(out: Outcome | None, error: str | None, now: float) -> float:

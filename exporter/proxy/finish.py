@@ -86,6 +86,8 @@ class Measurement:
     capture_meta: Mapping[str, Any]  # what the capture's .json says beside the reads
     #: the prompt's block hashes, still being computed in the trace thread (config ``trace``; None: off)
     trace: asyncio.Future[Traced] | None = None
+    t0_source: str = "loop"  # "kernel": t0 is the request's transmit stamp; "loop": just before its send(2)
+    proxy_added_s: float | None = None  # the request's hold before t0 plus the first text's hold
 
     @property
     def id(self) -> str:
@@ -119,6 +121,8 @@ class Measurement:
             "usage_injected": self.usage_injected,
             "timing_uncertainty_s": round(self.timing_uncertainty_s, 6),
             "stamps": "kernel" if self.kernel_stamps else "loop",
+            "t0_source": self.t0_source,
+            "proxy_added_s": None if self.proxy_added_s is None else round(self.proxy_added_s, 6),
             "client_backpressure_s": round(self.client_backpressure_s, 6),
             "client_bound": self.client_bound,
             "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
@@ -176,6 +180,8 @@ class Finisher:
         record = m.record(self.config.slo_for(m.scenario))
         self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
                                      m.timing_uncertainty_s, m.client_backpressure_s)
+        if m.proxy_added_s is not None:
+            self.metrics.proxy_added.labels(m.engine, m.scenario).observe(m.proxy_added_s)
         self.failures.note(m.engine, m.result.reason, m.result.detail)
         keep = m.capture is not None and (self.config.capture_raw_sse == "all" or not m.result.ok)
         if not keep and (m.trace is None or m.trace.done()):

@@ -147,20 +147,23 @@ def test_internals_board_has_both_engines() -> None:
 def test_internals_board_shows_the_proxy_timing_error() -> None:
     board = _boards()["internals"]
     p = next(p for p in board["panels"] if p["title"] == "Proxy timing error")
-    lag, p95, worst, ttft = (t["expr"] for t in p["targets"])
+    lag, p95, worst, ttft, added = (t["expr"] for t in p["targets"])
     assert lag.startswith("histogram_quantile(0.99, sum by (instance, worker, le) (rate(llmbench_proxy_event_loop_lag_seconds_bucket{")
     for q, expr in ((0.95, p95), (1, worst)):  # the requests' own error, per engine
         assert expr.startswith(f"histogram_quantile({q}, sum by (engine, le) "
                                "(rate(llmbench_request_timing_uncertainty_seconds_bucket{")
     assert 'instance=~"$instance"' in lag and "llmbench_time_to_first_token_seconds_bucket" in ttft
+    # what the proxy added to its clients' TTFT, beside the error (SPEC 27)
+    assert added.startswith("histogram_quantile(0.95, sum by (engine, le) (rate(llmbench_proxy_added_seconds_bucket{")
     assert p["fieldConfig"]["defaults"]["custom"]["scaleDistribution"]["type"] == "linear"  # two axes, not one log axis
     assert p["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == MIXIN.proxy_lag_max_s == 0.001
     # the three error series on an axis of their own (right, labelled), the TTFT on the left
     right = [o for o in p["fieldConfig"]["overrides"]
              if {"id": "custom.axisPlacement", "value": "right"} in o["properties"]]
-    names = ["loop lag P99 proxy-a:9464 1", "vllm timing error P95", "sglang timing error max", "vllm proxy TTFT P95"]
+    names = ["loop lag P99 proxy-a:9464 1", "vllm timing error P95", "sglang timing error max", "vllm proxy added P95",
+             "vllm proxy TTFT P95"]
     on_right = [n for n in names if any(re.fullmatch(o["matcher"]["options"], n) for o in right)]
-    assert on_right == names[:3]
+    assert on_right == names[:4]
     assert all({"id": "custom.axisLabel", "value": "timing error"} in o["properties"] for o in right)
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["instance"]["query"] == 'label_values(up{job="llmbench-exporter"}, instance)'

@@ -22,8 +22,6 @@ from exporter.evidence import cli as evidence_cli
 from exporter.evidence import render
 from exporter.evidence.stacking import stacked
 
-from tests.helpers import metric_value
-
 HISTOGRAMS = ("llmbench_engine_queue_seconds", "llmbench_engine_prefill_seconds",
               "llmbench_ttft_outside_engine_seconds")
 

@@ -25,6 +25,8 @@ class Connection(Protocol):
 
     def kernel_stamps(self) -> bool: ...
 
+    def request_sent(self) -> float | None: ...
+
     def io_pause(self) -> None: ...
 
     def io_resume(self) -> None: ...
@@ -57,6 +59,11 @@ class Response:
     def kernel_stamps(self) -> bool:
         """Every read so far was stamped by the kernel."""
         return self._conn.kernel_stamps()
+
+    @property
+    def sent_at(self) -> float | None:
+        """Unix time just before the request's last byte went to the kernel (None: not yet)."""
+        return self._conn.request_sent()
 
     def take_pending(self) -> list[tuple[bytes, float]]:
         """Body reads that arrived before a sink was attached, with their stamps."""

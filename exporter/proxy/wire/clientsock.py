@@ -1,4 +1,5 @@
-"""The client's socket: how many bytes the kernel may hold for a streaming client.
+"""The client's socket: how many bytes the kernel may hold for a streaming client, and when the
+kernel last received data on it.
 
 Linux grows a TCP socket's send buffer to megabytes on its own, and ``send()`` takes bytes as long
 as there is room (``TCP_NOTSENT_LOWAT`` only decides when the socket polls writable).  A client
@@ -9,14 +10,21 @@ bookkeeping) and its transport a small high-water mark: beyond some 40 KiB that 
 taken, the relay sees back-pressure (:mod:`exporter.proxy.wire.relay`).  An SSE stream's pace (tens of
 KB/s) leaves that room unused for any client that keeps up.  One ``setsockopt`` per request, none
 per read.
+
+:func:`received_at` asks the kernel (``TCP_INFO``'s ``tcpi_last_data_recv``, in milliseconds of the
+kernel's tick) how long ago the client's last data came: a request that waited unseen in the
+socket's receive queue while the loop was busy elsewhere shows it, where the handler's own clock
+starts only when aiohttp parsed it.  One ``getsockopt`` per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import struct
+import time
 
-__all__ = ["SEND_BUFFER", "HIGH_WATER", "LOW_WATER", "limit_unsent"]
+__all__ = ["SEND_BUFFER", "HIGH_WATER", "LOW_WATER", "limit_unsent", "received_at"]
 
 #: the send buffer asked of the kernel for a streaming client's socket (it keeps twice this)
 SEND_BUFFER = 8 << 10
@@ -41,3 +49,25 @@ def limit_unsent(transport: asyncio.BaseTransport) -> bool:
     except OSError:
         return False
     return True
+
+
+#: ``struct tcp_info`` up to ``tcpi_last_data_recv`` (Linux): 8 bytes of u8 fields, then u32s;
+#: ``tcpi_last_data_recv`` is the 12th u32 (milliseconds since the last data came)
+_TCP_INFO = struct.Struct("8x12I")
+_TCP_INFO_OPT: int | None = getattr(socket, "TCP_INFO", None)
+
+
+def received_at(transport: asyncio.BaseTransport | None) -> float | None:
+    """Unix time the kernel last received data from ``transport``'s client (its tick's
+    resolution: a few milliseconds at most), or None where the platform does not say."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if _TCP_INFO_OPT is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO_OPT, _TCP_INFO.size)
+    except OSError:
+        return None
+    if len(raw) < _TCP_INFO.size:
+        return None
+    since_ms: int = _TCP_INFO.unpack_from(raw)[11]
+    return time.time() - since_ms / 1000.0

@@ -5,8 +5,13 @@ with one job each: the loop's (``loop.time()``) for every deadline, the stamps' 
 the kernel's receive time for a plain upstream socket, :mod:`exporter.proxy.wire.stamped`) for
 every measurement.
 
-* ``t0`` is taken when the request leaves for the engine; it goes upstream once
+* ``t0`` is when the request left for the engine: the time just before the send(2) that handed
+  the kernel its last byte (``t0_source`` ``loop``: taken in the callback that sends, so neither a
+  connect nor a late loop before the send is in it); it goes upstream once
   (:meth:`exporter.proxy.wire.upstream.Pool.request`).
+* The first visible text's hold: from its read's kernel stamp to the moment it was written to
+  the client's transport (with the request's own hold before ``t0``, the exchange's
+  ``proxy_added_s``: what the proxy added to the TTFT the client saw).
 * Each upstream read reaches :meth:`on_data` from the upstream socket's callback, with its stamp:
   the bytes (the usage filter's output, when the proxy asked for usage the client did not) are
   written to the client's transport, chunk-framed when its response is chunked, then fed to the
@@ -93,6 +98,7 @@ class Outcome:
     kernel_stamps: bool  # every read of the answer carried the kernel's stamp
     backpressure_s: float  # time the client left bytes untaken
     error: BaseException | None  # ClientGone, TimeoutError, the upstream's error or our ProxyFault
+    first_hold_s: float | None  # the first visible text: its read's stamp to its write to the client
 
 
 class Relay:
@@ -117,6 +123,7 @@ class Relay:
         self.ended = False
         self.error: BaseException | None = None
         self.backpressure_s = 0.0
+        self.first_hold_s: float | None = None
         self._reads = 0
         self._clock: Callable[[], float] = time.monotonic  # the loop's, once it runs
         self._last = 0.0  # loop time of the last read (the idle deadline's origin)
@@ -148,6 +155,9 @@ class Relay:
         except (OSError, TimeoutError) as exc:  # no answer's head: connect error, closed, timed out
             self.error = exc
             return self.outcome()
+        sent = upstream.sent_at
+        if sent is not None:
+            self.t0 = sent
         try:
             await self._pass_on(upstream, loop)
         except ClientGone as exc:
@@ -161,7 +171,7 @@ class Relay:
         """What the relay did so far (the whole of it once :meth:`run` returned)."""
         return Outcome(t0=self.t0, t0_source=self.t0_source, end_t=self.end_t, done_t=self.done_t,
                        analyzer=self.analyzer, response=self.response, kernel_stamps=self.kernel_stamps,
-                       backpressure_s=self.backpressure_s, error=self.error)
+                       backpressure_s=self.backpressure_s, error=self.error, first_hold_s=self.first_hold_s)
 
     async def _pass_on(self, upstream: Response, loop: asyncio.AbstractEventLoop) -> None:
         streaming = is_event_stream(upstream.headers.get("Content-Type"), self.stream)
@@ -227,11 +237,14 @@ class Relay:
         assert analyzer is not None and self._client is not None
         try:
             filt = self.filter
+            written = time.time() if self.first_hold_s is None else 0.0  # until the first text is out
             write_body(self._client, filt.feed(data) if filt is not None else data, self._chunked)
             done = analyzer.done
             analyzer.feed(data, stamp)
             if analyzer.done and not done:
                 self.done_t = stamp
+            if self.first_hold_s is None and analyzer.first_t is not None:
+                self.first_hold_s = max(0.0, written - analyzer.first_t)
             if self.capture is not None:
                 self.capture.add(data, stamp - self.t0)
         except ConnectionError:  # the client's transport is closing

@@ -46,7 +46,8 @@ class StampedSocket:
     """Owns one connected non-blocking socket: writes what it is given, and hands each read to
     ``received(data, stamp)``; the end (EOF: ``None``, or the error) to ``lost(exc)``, once."""
 
-    __slots__ = ("sock", "loop", "fd", "received", "lost", "kernel_stamps", "unstamped", "_out", "_reading", "_closed")
+    __slots__ = ("sock", "loop", "fd", "received", "lost", "kernel_stamps", "unstamped", "sent_at", "_out", "_reading",
+                 "_closed")
 
     def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop,
                  received: Callable[[bytes, float], None], lost: Callable[[BaseException | None], None]) -> None:
@@ -57,6 +58,9 @@ class StampedSocket:
         self.lost = lost
         self.kernel_stamps = _enable_stamps(sock)
         self.unstamped = 0  # reads that carried no kernel stamp (stamped with time.time())
+        #: unix time just before the send(2) that handed the kernel the last byte written so far
+        #: (None while some wait for the socket to be writable)
+        self.sent_at: float | None = None
         self._out: list[memoryview] = []
         self._reading = False
         self._closed = False
@@ -69,9 +73,11 @@ class StampedSocket:
         """Send ``data`` now, as far as the kernel takes it; the rest when the socket is writable."""
         if self._closed:
             return
+        self.sent_at = None
         if self._out:
             self._out.append(memoryview(data))
             return
+        now = time.time()  # before the call: the GIL is taken back after it, maybe late
         try:
             sent = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
@@ -82,9 +88,12 @@ class StampedSocket:
         if sent < len(data):
             self._out.append(memoryview(data)[sent:])
             self.loop.add_writer(self.fd, self._on_writable)
+        else:
+            self.sent_at = now
 
     def _on_writable(self) -> None:
         while self._out:
+            now = time.time()
             try:
                 sent = self.sock.send(self._out[0])
             except (BlockingIOError, InterruptedError):
@@ -97,6 +106,7 @@ class StampedSocket:
                 self._out[0] = head[sent:]
                 return
             self._out.pop(0)
+        self.sent_at = now
         self.loop.remove_writer(self.fd)
 
     def _on_readable(self) -> None:
@@ -155,6 +165,7 @@ class TLSStream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.kernel_stamps = False
         self.unstamped = 0
+        self.sent_at: float | None = None  # when the last write went to the transport (unix)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio's classes
@@ -167,6 +178,7 @@ class TLSStream(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if self.transport is not None:
+            self.sent_at = time.time()
             self.transport.write(data)
 
     def pause(self) -> None:

@@ -98,6 +98,10 @@ class _Connection:
         io = self.io
         return io is not None and io.kernel_stamps and io.unstamped == 0
 
+    def request_sent(self) -> float | None:
+        """Just before the current request's last byte went to the kernel (None: not yet)."""
+        return self.io.sent_at if self.io is not None else None
+
     # -- the I/O's callbacks ------------------------------------------------------------------
 
     def received(self, data: bytes, stamp: float) -> None:
