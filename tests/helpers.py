@@ -370,3 +370,23 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout_s: float = 8.0
 def has_data(series: list[dict[str, Any]]) -> bool:
     """A range query's answer holds at least one value that is a number."""
     return any(not math.isnan(float(v)) for s in series for _, v in s["values"])
+
+
+def scrape_until_exit(url: str, proc: Any, headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> list[str]:
+    """Scrape ``url``'s /metrics (as the scraper ``headers`` name) until the process ``proc`` exits: a
+    graceful stop answers /metrics until its scrapers have read the final counts.  The complete scrapes'
+    texts."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    texts = []
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "the process did not exit"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=headers or {}),
+                                        timeout=10) as resp:
+                texts.append(resp.read().decode())
+        except OSError:  # refused as it exits (HTTPError too: an answer that is not a scrape)
+            pass
+    return texts

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from exporter.core.jsondepth import loads
 from exporter.core.sse import SSEParser
 
-__all__ = ["output_token_ids"]
+__all__ = ["output_token_ids", "output_text"]
 
 
 def _ids_of(doc: object) -> Iterable[int]:
@@ -27,8 +27,29 @@ def _ids_of(doc: object) -> Iterable[int]:
     return ids
 
 
-def output_token_ids(body: bytes, streaming: bool) -> list[int] | None:
-    """The first choice's output token ids, in order; None when the answer carries none."""
+def _text_of(doc: object) -> str:
+    """The first choice's text in one document: completions ``text``; chat ``reasoning_content`` (or
+    ``reasoning``) then ``content`` of its ``delta`` or ``message`` (what the engine's tokens became)."""
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    out = ""
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            continue
+        if isinstance(choice.get("text"), str):
+            out += choice["text"]
+        msg = choice.get("delta", choice.get("message"))
+        if isinstance(msg, dict):
+            reasoning = msg.get("reasoning_content", msg.get("reasoning"))
+            out += (reasoning if isinstance(reasoning, str) else "") + (c if isinstance(c := msg.get("content"), str) else "")
+    return out
+
+
+def output_text(body: bytes, streaming: bool) -> str:
+    """The first choice's text as the engine sent it, joined in order (reasoning before content in a chunk)."""
+    return "".join(_text_of(doc) for doc in _documents(body, streaming) or ())
+
+
+def _documents(body: bytes, streaming: bool) -> list[object] | None:
     docs: list[object] = []
     if streaming:
         parser = SSEParser()
@@ -43,6 +64,14 @@ def output_token_ids(body: bytes, streaming: bool) -> list[int] | None:
             docs.append(loads(body))
         except ValueError:
             return None
+    return docs
+
+
+def output_token_ids(body: bytes, streaming: bool) -> list[int] | None:
+    """The first choice's output token ids, in order; None when the answer carries none."""
+    docs = _documents(body, streaming)
+    if docs is None:
+        return None
     seen = False
     ids: list[int] = []
     for doc in docs:

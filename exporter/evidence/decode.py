@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from exporter.core.analysis import RequestSpec, analyze_bytes
-from exporter.core.tokenids import output_token_ids
+from exporter.core.tokenids import output_text, output_token_ids
 from exporter.proxy.records import read_capture
 
-from .tokens import explain, summary_line
+from .tokens import detokenize, explain, summary_line
 
 __all__ = ["decode_capture", "format_row"]
 
@@ -45,8 +45,12 @@ def decode_capture(path: Path, vocabulary: tuple[Any, set[int]] | None = None) -
     result = _decode(path)
     if vocabulary is not None and result["verdict"] != "unreadable":
         _, body = read_capture(path)
-        ids = output_token_ids(body, bool(result.get("streaming", True)))
+        streaming = bool(result.get("streaming", True))
+        ids = output_token_ids(body, streaming)
         result["tokens"] = None if ids is None else explain(ids, *vocabulary)
+        if ids is not None:
+            text, visible = detokenize(ids, *vocabulary)[0], output_text(body, streaming)
+            result.update(text=text, visible_text=visible, text_matches=text == visible)
     return result
 
 
@@ -110,6 +114,10 @@ def format_row(r: dict[str, Any]) -> str:
     if "tokens" in r:
         line += "\n    " + ("no output token ids in the capture (engine option token_ids: true asks for them)"
                             if r["tokens"] is None else summary_line(r["tokens"]))
+    if "text" in r:
+        line += f"\n    text of the ids: {r['text']!r} " + (
+            "(equal to the engine's visible text)" if r["text_matches"]
+            else f"(the engine's visible text differs: {r['visible_text']!r})")
     for p in r["problems"]:
         line += f"\n    ! {p}"
     return line

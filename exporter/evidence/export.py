@@ -40,6 +40,7 @@ from .outdir import OutDirError, check_out, prepare_out
 from .promapi import MAX_POINTS, PromError, Prometheus, parse_duration
 from .render import render_board
 from .report import QueryEvidence, evidence_markdown, panel_kind
+from .stepcheck import check_count_step
 from .totals import rate_mark, rate_note, round_totals, shortest_span, totals_lines
 from .windows import Window, WindowError, check_not_future, iso, scenario_of
 
@@ -344,6 +345,8 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     step, step_note = choose_step(window, min(intervals.values()) if intervals else None, step)
     rw = rate_window(max(intervals.values(), default=DEFAULT_STEP_S))
     counts = exact_counts(window, intervals.get(job or MIXIN.job) or max(intervals.values(), default=step))
+    if (count_step := check_count_step(prom, job or MIXIN.job, window, intervals))["warning"]:
+        print(f"warning: {count_step['warning']}", file=sys.stderr)
     every = boards_for(job)
     chosen = {name: every[name] for name in names}
     scenario = scenario_filter(window)
@@ -361,8 +364,8 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note,
                                     selector=job_selector(job), no_series=no_series, rate_note=short_rates,
                                     scenario_filter=scenario,
-                                    totals=None if totals is None else totals_lines(totals, window.spec)),
-                  encoding="utf-8")
+                                    totals=None if totals is None else totals_lines(totals, window.spec))
+                  + (f"\n**Warning:** {count_step['warning']}\n" if count_step["warning"] else ""), encoding="utf-8")
     files.append(md)
     manifest = {
         "tool": "llm-bench-exporter evidence", "version": __version__,
@@ -375,7 +378,7 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
         **({} if totals is None else {"round_totals": totals}),
         "rate_note": short_rates, "no_series": no_series,
         "step_s": step, "step_note": step_note, "grid_start": grid_start(window, step),
-        "rate_window": rw, "exact_counts": counts.manifest(), "boards": names, "job": job or MIXIN.job,
+        "rate_window": rw, "exact_counts": counts.manifest(), "count_step_check": count_step, "boards": names, "job": job or MIXIN.job,
         "files": [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": _sha256(p)}
                   for p in sorted(files)],
         **for_window(records, window.start, window.end, prom, job or MIXIN.job),

@@ -12,7 +12,8 @@ down and up the proxy saw.  From those, for the runs an output covers:
 * ``warnings``: a ``warning:`` line for each engine whose version changed inside a run.
 
 Without ``engines.jsonl`` (an older proxy, or an export without ``--records``), the engines come
-from ``llmbench_engine_info`` in Prometheus where it is at hand.  Every argument whose name says
+from ``llmbench_engine_info`` in Prometheus where it is at hand, and the proxy from
+``llmbench_proxy_info``.  Every argument whose name says
 it is a secret is redacted again on the way out.
 """
 
@@ -26,7 +27,8 @@ from typing import Any
 from exporter.core.timefmt import iso
 from exporter.proxy.engines import IDENTITY_KEYS, LOG_NAME, redact
 
-__all__ = ["read_log", "identity", "run_parts", "engines_from_prometheus", "for_window", "Identity"]
+__all__ = ["read_log", "identity", "run_parts", "engines_from_prometheus", "proxy_from_prometheus", "for_window",
+           "Identity"]
 
 Identity = dict[str, Any]  # {"engines": [...], "proxy": {...}, "warnings": [...]}
 
@@ -132,6 +134,17 @@ def engines_from_prometheus(prom: Any, at: float, range_s: float, job: str) -> l
     return sorted(out, key=lambda e: (str(e["name"]), str(e["version"])))
 
 
+def proxy_from_prometheus(prom: Any, at: float, range_s: float, job: str) -> dict[str, Any]:
+    """The proxy block from ``llmbench_proxy_info`` in the ``range_s`` before ``at``: its version and
+    config SHA-256 (a list where the proxies differ) and the run ids (each starts with its UTC start)."""
+    expr = (f'group by (version, config_sha256, run_id) (max_over_time(llmbench_proxy_info{{job="{job}"}}'
+            f"[{max(1, int(range_s))}s]))")
+    seen = [s["metric"] for s in prom.query(expr, at)]
+    return {"version": _one(sorted({m.get("version") or None for m in seen} - {None})),
+            "config_sha256": _one(sorted({m.get("config_sha256") or None for m in seen} - {None})),
+            "run_ids": sorted({m["run_id"] for m in seen if m.get("run_id")})}
+
+
 def _window_runs(records: Sequence[Mapping[str, Any]], lines: Sequence[Mapping[str, Any]], start: float,
                  end: float) -> list[str]:
     """The runs with a request, or an engine event, inside ``start``..``end``, in time order."""
@@ -168,4 +181,6 @@ def for_window(records_dir: Path | None, start: float, end: float, prom: Any = N
         found = {"engines": [], "proxy": {"version": None, "config_sha256": None, "run_ids": []}, "warnings": []}
     if prom is not None:
         found["engines"] = engines_from_prometheus(prom, end, end - start, job)
+        if not found["proxy"].get("version"):  # no start line at hand: what the proxies said to Prometheus
+            found["proxy"] = proxy_from_prometheus(prom, end, end - start, job)
     return found

@@ -201,7 +201,8 @@ def _add_trace_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speedup", metavar="X", type=positive_float,
                    help="with --trace: its timestamps divided by X (default: 1, as recorded)")
     p.add_argument("--block-size", metavar="N", type=positive_int,
-                   help="with --trace: tokens per hash id, as the trace's note says (default: 512)")
+                   help="with --trace: tokens per hash id, as the trace's note says (default: the size its lines' "
+                        "input_length and hash ids imply, else 512)")
     p.add_argument("--tokenizer", metavar="PATH",
                    help="the engine's tokenizer (its model directory or tokenizer.json; the trace extra), so that "
                         "each prompt is exactly --input-tokens (a plan cell's input_tokens, a trace line's "

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from exporter.proxy.prompttokens import PromptTokenizer
 
 __all__ = ["TraceFileError", "TraceLine", "read_trace", "sessions_of", "Prompts", "Framing", "framing", "Replays",
-           "trace_shape", "PLAIN_BLOCK"]
+           "trace_shape", "implied_block_size", "check_blocks", "PLAIN_BLOCK"]
 
 #: blocks of words kept per round (a few MiB): the rest are drawn again when their id comes back
 _BLOCKS_KEPT = 4096
@@ -156,6 +156,13 @@ def trace_shape(options: Mapping[str, Any]) -> dict[str, Any]:
         return dict(options)
     lines = read_trace(path)
     out = dict(options)
+    given = out.get("block_size")
+    if given is None:
+        implied = implied_block_size(lines)
+        if implied is not None and implied != PLAIN_BLOCK:
+            out["block_size"] = implied
+    if type(out.get("block_size", PLAIN_BLOCK)) is int and out.get("block_size", PLAIN_BLOCK) > 0:
+        check_blocks(lines, out.get("block_size", PLAIN_BLOCK), path, given is not None)
     if out.get("requests") is None:
         out["requests"] = len(lines)
     elif type(out["requests"]) is int and out["requests"] > len(lines):
@@ -165,6 +172,39 @@ def trace_shape(options: Mapping[str, Any]) -> dict[str, Any]:
         if out.get(key) is None:
             out[key] = value
     return out
+
+
+def implied_block_size(lines: Sequence[TraceLine]) -> int | None:
+    """The block size a trace's lines were written at: ``ceil(input_length / block_size)`` ids a line, as AIPerf's
+    loader and ``evidence trace`` have them.  Of the sizes every line fits, 512 (the default) when it is one,
+    else the largest power of two, else the smallest; None when no size fits every line."""
+    lo, hi = 1, None
+    for line in lines:
+        n = len(line.hash_ids)
+        if n:
+            lo = max(lo, -(-line.input_length // n))
+            if n > 1:
+                top = (line.input_length - 1) // (n - 1)
+                hi = top if hi is None else min(hi, top)
+    if hi is None or lo > hi:
+        return None
+    if lo <= PLAIN_BLOCK <= hi:
+        return PLAIN_BLOCK
+    power = 1 << hi.bit_length() - 1
+    return power if power >= lo else lo
+
+
+def check_blocks(lines: Sequence[TraceLine], block_size: int, path: str, given: bool) -> None:
+    """TraceFileError when a line has more hash ids than its ``input_length`` fills at ``block_size``: the ids
+    past them would never reach the prompt, and two lines that differ only there would be sent alike."""
+    for n, line in enumerate(lines, 1):
+        if len(line.hash_ids) > -(-line.input_length // block_size):
+            implied = implied_block_size(lines)
+            hint = f"its lines fit blocks of {implied} tokens" if implied is not None else "its lines fit no one block size"
+            raise TraceFileError(f"{path}: line {n} has {len(line.hash_ids)} hash ids for input_length "
+                                 f"{line.input_length}, more than blocks of {block_size} tokens"
+                                 f"{' (--block-size)' if given else ''} hold: {hint} (the trace's note gives it; "
+                                 "--block-size N, block_size: N in a plan)")
 
 
 Words = Callable[[random.Random, int], str]

@@ -189,6 +189,8 @@ class LocalStack:
             "records_dir": str(self.out / "records"),
             "gpu": gpu,
             "gpu_interval_s": gpu_interval_s,
+            # this stack stops its Prometheus first, once the evidence is taken: no scraper reads again
+            "drain_scrape_timeout_s": 0,
             **({"trace": {"tokenizer": str(tokenizer), "block_size": block_size}} if tokenizer is not None else {}),
         }
         cfg = self.out / "stack.yaml"

@@ -19,11 +19,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from yarl import URL
 
 from .config import Config, Engine
+from .drain import SCRAPER_HEADER, refuse, scraper_of, tracked
 from .engines import EngineWatch
 from .exchange import Exchange, json_error
 from .exposition import metrics_response
 from .gpu import GpuCollector, make_source, poll_forever
-from .metrics import EngineCollector
+from .metrics import EngineCollector, ProxyInfoCollector
 from .scenario_api import scenario_handler, scenarios_handler
 from .state import CONFIG, STATE, ProxyState, Worker
 from .wire.upstream import Pool, origin_of, request_head
@@ -61,6 +62,8 @@ async def _engine_handler(request: web.Request) -> web.StreamResponse:
     engine = state.config.engine(request.match_info["engine"])
     if engine is None:
         return json_error(404, "unknown engine", "not_found")
+    if state.draining:  # SIGTERM: nothing new is sent upstream
+        return refuse(state.metrics, engine.name)
     path = request.match_info["path"]
     if request.method == "GET":
         return await _passthrough(state, request, engine, path)
@@ -90,8 +93,10 @@ async def _metrics_handler(request: web.Request) -> web.Response:
         return await metrics_response(request, request.app[STATE].registry)
     # serve: the supervisor renders every worker's values, in its own process; the format and
     # the compression it chose pass through as they are
-    asked = {k: v for k in (hdrs.ACCEPT, hdrs.ACCEPT_ENCODING) if (v := ",".join(request.headers.getall(k, [])))}
+    asked: dict[str, str] = {k: v for k in (hdrs.ACCEPT, hdrs.ACCEPT_ENCODING)
+                             if (v := ",".join(request.headers.getall(k, [])))}
     asked.setdefault(hdrs.ACCEPT_ENCODING, "identity")  # else aiohttp's client asks for gzip on its behalf
+    asked[SCRAPER_HEADER] = scraper_of(request)  # the supervisor counts each scraper's scrapes (a drain's last)
     try:
         async with session.get("http://supervisor/metrics", headers=asked, params=request.rel_url.query) as resp:
             headers = {hdrs.CONTENT_TYPE: resp.headers.get(hdrs.CONTENT_TYPE, CONTENT_TYPE_LATEST)}
@@ -133,6 +138,8 @@ async def _healthy(request: web.Request) -> web.Response:
 
 async def _ready(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    if state.draining:
+        return web.Response(status=503, text="draining\n")
     sock = state.worker.metrics_socket
     if state.pool is None or (sock is not None and not sock.exists()):  # serve: the renderer too
         return web.Response(status=503, text="starting\n")
@@ -197,10 +204,12 @@ def create_app(config: Config, registry: CollectorRegistry | None = None, worker
     if not state.worker.multiprocess:  # under serve, the supervisor watches the engines and the GPUs
         app[ENGINE_WATCH] = watch = EngineWatch(config, state.worker.run_id)
         state.registry.register(EngineCollector(watch.rows))
+        state.registry.register(ProxyInfoCollector(watch.proxy))
         app.cleanup_ctx.append(_engine_watch)
         app.cleanup_ctx.append(_gpu_collector)
     app.on_shutdown.append(_on_shutdown)
-    app.router.add_get("/metrics", _metrics_handler)
+    app.router.add_get("/metrics", _metrics_handler if state.worker.multiprocess else tracked(_metrics_handler,
+                                                                                             state.scrapes))
     app.router.add_get("/-/healthy", _healthy)
     app.router.add_get("/-/ready", _ready)
     app.router.add_post("/-/scenario", scenario_handler)

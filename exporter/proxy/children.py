@@ -66,14 +66,18 @@ class Children:
         with self._lock:
             self._target = None
 
-    def stop(self, timeout_s: float) -> None:
-        """SIGTERM each child still running and wait for all of them, ``timeout_s`` in all;
-        then SIGKILL those left, and wait for them."""
+    def send(self, sig: int) -> None:
+        """Send ``sig`` to each child still running."""
         with self._lock:
             running = [pid for pid in self.index if pid not in self.exited]
         for pid in running:
             with contextlib.suppress(ProcessLookupError):
-                self._kill(pid, signal.SIGTERM)
+                self._kill(pid, sig)
+
+    def stop(self, timeout_s: float, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` (SIGTERM) to each child still running and wait for all of them, ``timeout_s`` in all;
+        then SIGKILL those left, and wait for them."""
+        self.send(sig)
         deadline = time.monotonic() + timeout_s
         for pid, thread in self._threads.items():
             thread.join(max(0.0, deadline - time.monotonic()))

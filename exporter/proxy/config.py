@@ -153,6 +153,10 @@ class Config(_Model):
     otlp: Otlp | None = None
     sessions: Sessions = Sessions()
     trace: Trace | None = None  # off by default
+    #: on SIGTERM: seconds for the requests in flight to finish, then at most this many more for
+    #: two complete scrapes by each scraper seen in the last minute
+    drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    drain_scrape_timeout_s: Annotated[float, Field(ge=0)] = 15.0
     #: the SHA-256 of the file this config was read from (:func:`load_config`; None otherwise)
     _source_sha256: str | None = PrivateAttr(default=None)
 

@@ -41,7 +41,7 @@ from .config import Config
 from .looplag import LAG_BUCKETS
 
 __all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "BACKPRESSURE_BUCKETS", "PROXY_ADDED_BUCKETS",
-           "ProxyMetrics", "LocalGauge", "EngineCollector"]
+           "ProxyMetrics", "LocalGauge", "EngineCollector", "ProxyInfoCollector"]
 
 TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075,
@@ -136,6 +136,26 @@ class EngineCollector(Collector):
         yield info
 
 
+class ProxyInfoCollector(Collector):
+    """``llmbench_proxy_info`` (1; labels version, config_sha256, run_id): what this proxy is, so that an
+    export from Prometheus alone names the proxy's version, its config file's SHA-256 and its runs.  Made
+    in the process that renders /metrics (the supervisor under ``serve``), from ``proxy()``:
+    ``{"version", "config_sha256", "run_id"}`` (:meth:`exporter.proxy.engines.EngineWatch.proxy`)."""
+
+    def __init__(self, proxy: Callable[[], Mapping[str, Any]]) -> None:
+        self.proxy = proxy
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        me = self.proxy()
+        info = GaugeMetricFamily("llmbench_proxy_info", "The proxy's version, config file SHA-256 and run (always 1).",
+                                 labels=["version", "config_sha256", "run_id"])
+        info.add_metric([str(me.get(k) or "") for k in ("version", "config_sha256", "run_id")], 1.0)
+        yield info
+
+
 class ProxyMetrics:
     """Histograms, counters and gauges of the proxy, one instance per registry.
 
@@ -225,6 +245,8 @@ class ProxyMetrics:
             "arrival to t0, plus the first visible text's from its arrival to its write to the client.",
             _LABELS, buckets=PROXY_ADDED_BUCKETS, registry=registry,
         )
+        self.refused = Counter("llmbench_requests_refused", "Engine requests refused unsent (503), by reason: "
+                               "draining, after SIGTERM.", ("engine", "reason"), registry=registry)
         self._engine_clock(registry)
 
     def _engine_clock(self, registry: CollectorRegistry) -> None:
@@ -246,6 +268,7 @@ class ProxyMetrics:
         lazily created series starts at its first value and loses it)."""
         self.in_flight.labels(engine).set(0)
         self.request_uncertainty.labels(engine)
+        self.refused.labels(engine, "draining")
         for scenario in scenarios:
             self.requests.labels(engine, scenario, "success", "none")
             self.requests.labels(engine, scenario, "client_abort", "client_abort")

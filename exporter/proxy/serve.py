@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -61,11 +62,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"llm-bench-exporter: {problem}", file=sys.stderr)
         return 2
+    from .snapshot import RecordsInUse, lock_records
+
+    try:
+        lock = lock_records(config.records_dir)  # held until this process and its workers are gone
+    except (RecordsInUse, OSError) as exc:
+        print(f"llm-bench-exporter: {exc}", file=sys.stderr)
+        return 2
     try:
         return run_supervised(config, args.workers)
     except OSError as exc:  # only the bind can raise here: the workers start after it
         print(f"llm-bench-exporter: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    finally:
+        os.close(lock)
 
 
 def add_parser(sub: Any) -> None:

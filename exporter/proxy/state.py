@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from yarl import URL
 
 from .config import Config
+from .drain import ScrapeLog
 from .finish import Finisher, Observer
 from .looplag import LoopLag
 from .metrics import ProxyMetrics
@@ -117,6 +118,8 @@ class ProxyState:
         #: tokenizes and hashes each prompt off the loop (config ``trace``; None when off)
         self.tracer = Tracer(config.trace, worker.run_id) if config.trace is not None else None
         self.stopping = False  # set at shutdown: cancellation then is ours, not the client's
+        self.draining = False  # SIGTERM: /-/ready fails, new engine requests are refused (:mod:`.drain`)
+        self.scrapes = ScrapeLog()  # complete scrapes by scraper, for the drain's last reads
         self.shutdown_grace_s = 5.0  # requests in flight at shutdown get this long to finish
         self.exchanges = InFlight()  # handler tasks of measured requests
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -144,6 +147,14 @@ class ProxyState:
             for task in self.exchanges:
                 task.cancel()
             await self.exchanges.wait_empty()
+
+    async def drain_requests(self) -> None:
+        """SIGTERM: refuse new engine requests from now, let those in flight finish within ``drain_timeout_s``
+        (then end the rest, as at shutdown), and wait for their records: every count is then final."""
+        self.draining = True
+        self.shutdown_grace_s = self.config.drain_timeout_s
+        await self.stop_exchanges()
+        await self.drain()
 
     async def drain(self) -> None:
         """Wait for the records still being finished."""

@@ -13,6 +13,10 @@
   ``requests.jsonl`` (one ``write(2)`` per line on an ``O_APPEND`` descriptor).
 * Workers die with the supervisor (``PR_SET_PDEATHSIG``): a SIGKILL of ``serve`` stops the
   proxy as a whole.  If a worker dies, the supervisor stops the rest and exits 1.
+* SIGTERM (or SIGINT) to the supervisor is a graceful stop (:mod:`exporter.proxy.drain`): it passes
+  the signal on, each worker refuses new engine requests and drains its own, and says so on the
+  supervisor's socket; the supervisor, which renders every scrape, waits for each scraper's last
+  reads, then tells the workers to exit (SIGUSR1) and exits 0.  A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any
 
 from .children import Children, describe_exit
 from .config import Config, parse_listen
+from .drain import Drained, ScrapeLog, drain_workers, drained_handler, tracked
+from .snapshot import final_snapshot, restore, snapshot_forever
 
 __all__ = ["run_supervised", "worker_app", "supervisor_registry", "render_forever"]
 
@@ -105,7 +111,7 @@ def _worker_main(config: Config, sock: socket.socket, index: int, count: int, ru
     """One worker: the proxy app on the inherited socket, values in the multiprocess files."""
     _die_with_parent(parent)
     os.setpgid(0, 0)  # a signal to serve's process group (Ctrl-C, killpg) reaches the supervisor only
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_DFL)
     from .valuefiles import use_multiprocess_values
 
@@ -115,15 +121,40 @@ def _worker_main(config: Config, sock: socket.socket, index: int, count: int, ru
     app = worker_app(config, index, count, run_dir, run_id)
     app.on_startup.append(_freeze_startup_objects)
     loop = _event_loop()
-    stop = _stop_once()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
+    drain = _drain_once(app, index)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the supervisor's drain: this worker's requests
+        loop.add_signal_handler(sig, drain)
+    loop.add_signal_handler(signal.SIGUSR1, _stop_once())  # the supervisor's "exit now"
     web.run_app(app, sock=sock, access_log=None, handler_cancellation=True, print=None,
                 shutdown_timeout=1.0, loop=loop, handle_signals=False)
 
 
+def _drain_once(app: Any, index: int) -> Callable[[], None]:
+    """The handler of SIGTERM and SIGINT: the first drains this worker's requests (new ones refused) and
+    tells the supervisor once they are all finished; any later one is ignored."""
+    tasks: list[asyncio.Task[None]] = []
+
+    def drain() -> None:
+        if not tasks:
+            tasks.append(asyncio.get_running_loop().create_task(_drain_worker(app, index)))
+
+    return drain
+
+
+async def _drain_worker(app: Any, index: int) -> None:
+    import aiohttp
+
+    from .app import METRICS_SESSION
+    from .state import STATE
+
+    await app[STATE].drain_requests()
+    with contextlib.suppress(aiohttp.ClientError, OSError):  # a supervisor gone stops this worker anyway
+        async with app[METRICS_SESSION].post(f"http://supervisor/-/drained?worker={index}") as resp:
+            await resp.read()
+
+
 def _stop_once() -> Callable[[], None]:
-    """The handler of SIGTERM and SIGINT: the first starts the graceful shutdown; any later one is
+    """The handler of SIGUSR1, the supervisor's "exit now": the first starts the shutdown; any later one is
     ignored (the handlers stay, so no signal ever meets the default action), so a second signal (a
     service manager that signals every process of the group, a Ctrl-C beside the supervisor's
     SIGTERM) cannot break the shutdown that writes the last records.  The supervisor SIGKILLs a
@@ -199,27 +230,32 @@ def _in_flight(run_dir: Path) -> float:
 
 
 async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nice: int = SUPERVISOR_NICE,
-                         run_id: str | None = None) -> None:
+                         run_id: str | None = None, drain: tuple[ScrapeLog, Drained] | None = None) -> None:
     """The supervisor's /metrics on a unix socket until ``stop``: every worker's values,
     merged; the process then runs at ``nice``.  The engine watch runs here, once for all the
-    workers (its ``engines.jsonl`` names ``run_id``); the workers forward ``GET /-/engines``."""
+    workers (its ``engines.jsonl`` names ``run_id``); the workers forward ``GET /-/engines``.
+    ``drain``: where the complete scrapes and the workers' drains are entered."""
     from aiohttp import web
 
     from .engines import EngineWatch
     from .exposition import metrics_handler, render
     from .gpu import GpuCollector, make_source, poll_forever
-    from .metrics import EngineCollector
+    from .metrics import EngineCollector, ProxyInfoCollector
     from .wire.upstream import Pool
 
     registry = supervisor_registry(run_dir)
     watch = EngineWatch(config, run_id)
     registry.register(EngineCollector(watch.rows))
+    registry.register(ProxyInfoCollector(watch.proxy))
     tasks = []
     source = make_source(config.gpu, lambda: _in_flight(run_dir))
     if source is not None:
         tasks.append(asyncio.create_task(poll_forever(source, GpuCollector(registry), config.gpu_interval_s)))
     app = web.Application()
-    app.router.add_get("/metrics", metrics_handler(registry))
+    app.router.add_get("/metrics", metrics_handler(registry) if drain is None else tracked(metrics_handler(registry),
+                                                                                        drain[0]))
+    if drain is not None:
+        app.router.add_post("/-/drained", drained_handler(drain[1]))
     app.router.add_get("/-/engines", _engines_handler(watch))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -271,10 +307,20 @@ async def _supervise(config: Config, children: Children, run_dir: Path, run_id: 
         dead.append(pid)
         stop.set()
 
+    scrapes, drained = ScrapeLog(), Drained(children.index.values())
+    draining: list[asyncio.Task[None]] = []
+
+    def signalled() -> None:  # the first: a graceful stop; a second: at once
+        if draining:
+            stop.set()
+        else:
+            draining.append(loop.create_task(drain_workers(config, children, scrapes, drained, stop)))
+
     signals = (signal.SIGINT, signal.SIGTERM)
     for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
-    renderer = asyncio.create_task(render_forever(config, run_dir, stop, run_id=run_id))
+        loop.add_signal_handler(sig, signalled)
+    renderer = asyncio.create_task(render_forever(config, run_dir, stop, run_id=run_id, drain=(scrapes, drained)))
+    snapshots = asyncio.create_task(snapshot_forever(config.records_dir, run_dir, run_id, stop))
     stopped = asyncio.create_task(stop.wait())
     children.on_exit(loop, died)
     try:
@@ -285,6 +331,8 @@ async def _supervise(config: Config, children: Children, run_dir: Path, run_id: 
     finally:
         children.detach()
         stopped.cancel()
+        for task in [*draining, snapshots]:
+            task.cancel()
         for sig in signals:
             loop.remove_signal_handler(sig)
     return 1 if dead else 0
@@ -302,6 +350,7 @@ def run_supervised(config: Config, workers: int) -> int:
 
     SharedScenarios.create(run_dir / "scenarios.state").close()
     run_id = new_run_id()  # one for every worker of this start
+    log.info("%s", restore(config.records_dir, run_dir))  # before the first worker: its counts continue
     pids: dict[int, int] = {}
     children: Children | None = None
     parent = os.getpid()
@@ -326,8 +375,9 @@ def run_supervised(config: Config, workers: int) -> int:
                  "s" if workers > 1 else "", ", ".join(f"{e.name} -> {e.display_url}" for e in config.engines))
         return _run(config, children, run_dir, run_id)
     finally:
-        # SIGTERM: the workers finish their requests, as aiohttp's shutdown allows
-        (children or Children(pids)).stop(SHUTDOWN_GRACE_S + 5.0)
+        # SIGUSR1: the workers exit (after a drain, nothing is left in flight; else as aiohttp's shutdown allows)
+        (children or Children(pids)).stop(SHUTDOWN_GRACE_S + 5.0, signal.SIGUSR1)
+        final_snapshot(config.records_dir, run_dir, run_id)  # every worker gone: the counts as they ended
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

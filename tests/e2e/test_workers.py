@@ -1,5 +1,6 @@
 """``serve --workers N`` (SPEC section 14): one /metrics view of all workers, whole record
-lines that add up, one scenario state, the GPU collector once, a clean stop."""
+lines that add up, one scenario state, the GPU collector once, a clean stop (SPEC section 29: a
+graceful one, tests/e2e/test_drain_serve.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import yaml
 
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http
 
-from tests.helpers import metric_value
+from tests.helpers import metric_value, scrape_until_exit
 
 
 def _metrics(url: str) -> str:
@@ -82,7 +83,9 @@ def test_workers_share_one_view(tmp_path: Path) -> None:
         assert len(gpus) == 2  # the GPU collector runs once, not once per worker
         assert metric_value(text, "llmbench_requests_in_flight") == 0
         proxy.proc.send_signal(signal.SIGTERM)
-        assert proxy.proc.wait(15) == 0
+        texts = scrape_until_exit(url, proxy.proc)  # this scraper was seen: it reads the final counts twice first
+        assert proxy.proc.returncode == 0 and len(texts) >= 2
+        assert metric_value(texts[-1], "llmbench_requests_total") == 80
     finally:
         proxy.stop()
         sim.stop()
@@ -132,6 +135,7 @@ def test_a_signal_to_every_process_stops_cleanly(tmp_path: Path) -> None:
     cfg = tmp_path / "proxy.yaml"
     cfg.write_text(yaml.safe_dump({
         "listen": f"127.0.0.1:{ports['proxy']}", "records_dir": str(tmp_path / "run"), "scenarios": ["s1"],
+        "drain_timeout_s": 1,  # the request in flight is far longer: the drain ends it
         "engines": [{"name": "vllm", "upstream": f"http://127.0.0.1:{ports['sim']}", "usage": "inject"}]}))
     sim = Child("sim", exporter_argv("sim", "--profile", "vllm", "--listen", f"127.0.0.1:{ports['sim']}",
                                      "--speed", "0.05"), tmp_path)

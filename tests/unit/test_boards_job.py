@@ -45,6 +45,7 @@ def test_dashboards_command_writes_boards_rules_and_manifests_for_the_job(tmp_pa
     assert service["metadata"]["name"] == JOB  # the Service's name is the job label prometheus-operator gives
     proxy = (tmp_path / "k8s" / "proxy.yaml").read_text()
     assert f"name: {JOB}\n" in proxy and f"name: {MIXIN.job}" not in proxy
+    assert f"llm-bench/job: {JOB}\n" in proxy and MIXIN.job not in proxy  # the scraped Service names the job too
     cm = yaml.safe_load((tmp_path / "k8s" / "grafana-dashboard-comparison.yaml").read_text().split("---")[-1])
     assert json.loads(next(iter(cm["data"].values()))) == json.loads(boards["comparison"])
 

@@ -51,7 +51,7 @@ class Procs:
         if pid not in self.ended:
             raise ProcessLookupError(pid)
         self.signals.append((pid, sig))
-        if sig == signal.SIGKILL or pid not in self.ignore_term:
+        if sig != signal.SIGTERM or pid not in self.ignore_term:
             self.end(pid, sig=sig)
 
     def children(self, pids: dict[int, int] | None = None) -> Children:
@@ -119,6 +119,17 @@ def test_stop_waits_on_the_exits_and_kills_at_the_deadline() -> None:
     assert 0.3 <= time.monotonic() - t < 5
     assert stubborn.signals == [(43, signal.SIGTERM), (44, signal.SIGTERM), (44, signal.SIGKILL)]
     assert children.exited == {43: -signal.SIGTERM, 44: -signal.SIGKILL}
+
+
+def test_send_signals_the_running_and_stop_takes_the_signal_to_exit_by() -> None:
+    """A graceful stop signals the workers (SIGTERM: drain) without waiting; they exit on SIGUSR1."""
+    procs = Procs(53, 54, ignore_term=(53, 54))  # SIGTERM drains: the process goes on
+    children = procs.children()
+    children.send(signal.SIGTERM)
+    assert procs.signals == [(53, signal.SIGTERM), (54, signal.SIGTERM)] and children.exited == {}
+    children.stop(10, signal.SIGUSR1)
+    assert procs.signals[2:] == [(53, signal.SIGUSR1), (54, signal.SIGUSR1)]
+    assert children.exited == {53: -signal.SIGUSR1, 54: -signal.SIGUSR1}
 
 
 def test_a_child_reaped_elsewhere_is_gone() -> None:

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from exporter import __version__
 from exporter.harness.sim import create_sim_app
 from exporter.harness.sim_engine import PROFILES
 from exporter.harness.sim_identity import sim_version
@@ -104,6 +105,9 @@ async def test_simulated_engines_say_what_they_are(sims: dict[str, AppOnPort], a
                         model="default") == 1
     lines = [json.loads(x) for x in (tmp_path / "run" / "engines.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "start" and lines[0]["proxy"]["version"]
+    me = (await (await client.get("/-/engines")).json())["proxy"]  # the proxy's identity, to Prometheus too
+    assert metric_value(text, "llmbench_proxy_info", version=__version__, config_sha256="", run_id=me["run_id"]) == 1
+    assert text.count("llmbench_proxy_info{") == 1 and me["run_id"] == lines[0]["run_id"]
     assert {(x["engine"], x["kind"]) for x in lines if x["event"] == "identity"} == {("vllm", "vllm"),
                                                                                     ("sglang", "sglang")}
 
@@ -234,6 +238,8 @@ async def test_under_serve_the_supervisor_watches_once_for_all_workers(
         text = await (await workers[0].get("/metrics")).text()
         assert metric_value(text, "llmbench_engine_up") == 2  # one series per engine, not per worker
         assert metric_value(text, "llmbench_engine_info", kind="vllm") == 1
+        assert metric_value(text, "llmbench_proxy_info", version=__version__, run_id="run-under-test") == 1
+        assert text.count("llmbench_proxy_info{") == 1  # one series for the proxy, not one per worker
     finally:
         stop.set()
         await renderer

@@ -78,13 +78,19 @@ def test_an_export_window_names_the_runs_inside_it(tmp_path: Path) -> None:
     assert found["proxy"]["run_ids"] == [RUN] and {e["version"] for e in found["engines"]} == {"0.11.0", "0.11.1"}
     assert for_window(d, t0 + 89_990, t0 + 90_010)["proxy"]["run_ids"] == [OTHER]
 
-    class Prom:  # no records: the engines from llmbench_engine_info
+    class Prom:  # no records: the engines from llmbench_engine_info, the proxy from llmbench_proxy_info
         def query(self, expr: str, at: float) -> list[dict[str, Any]]:
-            assert "llmbench_engine_info" in expr and 'job="j"' in expr
+            assert 'job="j"' in expr
+            if "llmbench_proxy_info" in expr:  # two proxies of one version and config, three runs
+                return [{"metric": {"version": "0.1.0", "config_sha256": SHA, "run_id": run}, "value": [at, "1"]}
+                        for run in (OTHER, RUN, OTHER + "x")]
+            assert "llmbench_engine_info" in expr
             labels = {"engine": "vllm", "kind": "vllm", "version": "0.11.0", "model": "m"}
             return [{"metric": labels, "value": [at, "1"]}]
-    assert for_window(None, t0, t0 + 10, Prom(), "j")["engines"] == [
+    found = for_window(None, t0, t0 + 10, Prom(), "j")
+    assert found["engines"] == [
         {"name": "vllm", "kind": "vllm", "version": "0.11.0", "model": "m", "source": "prometheus"}]
+    assert found["proxy"] == {"version": "0.1.0", "config_sha256": SHA, "run_ids": [RUN, OTHER, OTHER + "x"]}
 
 
 def test_boards_mark_an_engine_going_down_and_coming_back() -> None:

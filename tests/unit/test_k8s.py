@@ -171,15 +171,20 @@ def test_the_validators_catch_broken_manifests() -> None:
 
 
 def test_the_pieces_fit_together() -> None:
-    service, = _kind("Service")
+    service, metrics = sorted(_kind("Service"), key=lambda o: o["metadata"]["name"] != MIXIN.job)
     smon, = _kind("ServiceMonitor")
     deployment, = _kind("Deployment")
     pod = deployment["spec"]["template"]
     container, = pod["spec"]["containers"]
     assert service["metadata"]["name"] == MIXIN.job  # prometheus-operator's job label: what the boards select
     labels = smon["spec"]["selector"]["matchLabels"]
-    assert labels.items() <= service["metadata"]["labels"].items()
-    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    # the monitor scrapes through the metrics Service only, which names the job the boards select
+    assert labels.items() <= metrics["metadata"]["labels"].items()
+    assert not labels.items() <= service["metadata"]["labels"].items()
+    assert metrics["metadata"]["labels"][smon["spec"]["jobLabel"]] == MIXIN.job
+    for svc in (service, metrics):
+        assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        assert svc["spec"]["ports"] == service["spec"]["ports"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     port, = service["spec"]["ports"]
     assert smon["spec"]["endpoints"][0]["port"] == port["name"] and port["targetPort"] in {
@@ -197,6 +202,23 @@ def test_the_pieces_fit_together() -> None:
     assert container["args"] == ["serve", "--config", f"{mounts['config']}/exporter.yaml"]
     assert config.listen.endswith(f":{container['ports'][0]['containerPort']}")
     assert "cpu" not in container["resources"].get("limits", {})  # CFS throttling would delay timestamps
+
+
+def test_a_terminating_pod_drains_and_is_still_scraped() -> None:
+    """SPEC 29: the pod's grace period holds the preStop sleep, the proxy's drain and its last scrapes
+    (their config defaults) with room to exit; clients see ready pods only, the monitor every pod."""
+    from exporter.proxy.config import Config
+
+    service, metrics = sorted(_kind("Service"), key=lambda o: o["metadata"]["name"] != MIXIN.job)
+    pod = _kind("Deployment")[0]["spec"]["template"]["spec"]
+    container, = pod["containers"]
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    fields = Config.model_fields
+    drain = fields["drain_timeout_s"].default + fields["drain_scrape_timeout_s"].default
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + 5
+    assert pre_stop >= 1 and container["readinessProbe"]["periodSeconds"] <= pre_stop  # unready before SIGTERM ends
+    assert metrics["spec"]["publishNotReadyAddresses"] is True and metrics["spec"]["clusterIP"] == "None"
+    assert not service["spec"].get("publishNotReadyAddresses", False)
 
 
 def test_dashboards_k8s_writes_the_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -39,7 +39,8 @@ async def test_the_simulated_empty_200_generates_end_of_sequence(aiohttp_server:
     assert summary_line(decoded["tokens"]) == "5 token ids (0 with visible text): 5 x 2 '</s>' (special)"
     ok = decode_capture(tmp_path / "run" / fine["capture"], vocabulary)
     assert [t["id"] for t in ok["tokens"]] == [token_id(i) for i in range(5)]
-    assert [t["text"] for t in ok["tokens"]] == [f"tok{i}" for i in range(5)]
+    assert [t["text"] for t in ok["tokens"]] == [f" tok{i}" for i in range(5)]  # each id's piece of the text
+    assert (ok["text"], ok["text_matches"]) == ("".join(f" tok{i}" for i in range(5)), True)  # the engine's text
 
 
 def test_the_vocabulary_is_a_tokenizer_json(tmp_path: Path) -> None:

@@ -90,3 +90,47 @@ def test_a_bad_tokenizer_path_is_one_line(tmp_path: Path, capsys: pytest.Capture
     assert evidence_main(["decode", str(tmp_path / "x.sse"), "--tokenizer", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no tokenizer.json" in err
+
+
+async def test_decode_shows_the_engines_visible_text(aiohttp_server: Any, proxy_factory: Any, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A plain request whose text has a leading space and a character split across byte-level tokens: the ids'
+    text equals the engine's visible text, and the per-id pieces join to it (no U+FFFD halves)."""
+    from tokenizers import Tokenizer
+
+    vocab = _tokenizer(tmp_path / "tok")
+    tok = Tokenizer.from_file(str(vocab / "tokenizer.json"))
+    visible = " hello world, the engine said h\u00e9llo \U0001F642!"
+    ids = tok.encode(visible).ids
+    assert tok.decode(ids[-3:-1]) != "\U0001F642"  # the emoji is several tokens: decoded one by one it is lost
+    chunks = []
+    for k, i in enumerate(ids):  # as vLLM streams it: a partial character's bytes wait for the rest
+        text = tok.decode(ids[:k + 1])
+        before = tok.decode(ids[:k]) if k else ""
+        piece = "" if text.endswith("\ufffd") else text[len(before.rstrip("\ufffd")):]
+        chunks.append(json.dumps({"id": "c", "object": "text_completion", "created": 1, "model": "m",
+                                  "choices": [{"index": 0, "text": piece, "token_ids": [i], "finish_reason": None}]}))
+    assert "".join(json.loads(c)["choices"][0]["text"] for c in chunks) == visible
+    usage = {"prompt_tokens": 2, "completion_tokens": len(ids), "total_tokens": 2 + len(ids)}
+    events = [*chunks, json.dumps({"id": "c", "object": "text_completion", "model": "m", "choices": [],
+                                   "usage": usage}), "[DONE]"]
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await stream_events(request, [sse(e) for e in events])
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handle)
+    server = await aiohttp_server(app)
+    client = await proxy_factory(server.port, capture_raw_sse="all", engines=[
+        {"name": "vllm", "upstream": f"http://127.0.0.1:{server.port}", "token_ids": True}])
+    body = {"prompt": "p", "stream": True, "max_tokens": len(ids), "stream_options": {"include_usage": True}}
+    assert (await client.post("/vllm/v1/completions", json=body)).status == 200
+    (record,) = await wait_for_records(tmp_path, 1)
+    assert record["outcome"] == "success"
+    capture = tmp_path / "run" / record["capture"]
+    assert evidence_main(["decode", str(capture), "--tokenizer", str(vocab), "--json"]) == 0
+    (decoded,) = json.loads(capsys.readouterr().out)
+    assert (decoded["text"], decoded["visible_text"], decoded["text_matches"]) == (visible, visible, True)
+    assert [t["id"] for t in decoded["tokens"]] == ids and "".join(t["text"] for t in decoded["tokens"]) == visible
+    assert evidence_main(["decode", str(capture), "--tokenizer", str(vocab)]) == 0
+    assert f"text of the ids: {visible!r} (equal to the engine's visible text)" in capsys.readouterr().out

@@ -234,6 +234,27 @@ def test_equal_hash_ids_give_equal_prompt_blocks() -> None:
     assert Prompts(4, "round 2", make_prompt).text(TraceLine(0, 10, 1, (1, 2, 3)), 0).split() != a  # its own text
 
 
+def test_hash_ids_that_diverge_late_give_prompts_that_diverge_there(tmp_path: Path) -> None:
+    """Two lines of one prefix group whose ids part after block 10 (a trace written with blocks of 16 tokens):
+    replayed at the block size the trace implies, their prompts share exactly the first 10 blocks; a block
+    size that would leave ids out of the prompt (and send the two alike) is refused, naming the right one."""
+    trace = tmp_path / "t.jsonl"
+    ids = [list(range(32, 49)), [*range(32, 42), *range(63, 70)]]
+    trace.write_text("".join(json.dumps({"timestamp": i, "input_length": 17 * 16 - 3, "output_length": 2,
+                                         "hash_ids": h}) + "\n" for i, h in enumerate(ids)))
+    cell = cell_from_options(scenario="replay", input_tokens=None, output_tokens=None, requests=None, trace=str(trace))
+    assert cell.block_size == 16
+    prompts = Prompts(cell.block_size, "seed", make_prompt)
+    a, b = (prompts.text(line, i).split() for i, line in enumerate(read_trace(trace)))
+    assert len(a) == len(b) == 17 * 16 - 3
+    assert a[:160] == b[:160]
+    assert all(a[k:k + 16] != b[k:k + 16] for k in range(160, len(a), 16))
+    with pytest.raises(PlanError, match=r"line 1 has 17 hash ids .* blocks of 512 tokens \(--block-size\) hold: "
+                                        r"its lines fit blocks of 16 tokens"):
+        cell_from_options(scenario="replay", input_tokens=None, output_tokens=None, requests=None, trace=str(trace),
+                          block_size=512)
+
+
 async def test_replay_against_the_simulated_engine(aiohttp_server: Any, tmp_path: Path) -> None:
     """Open loop at the trace's timestamps (over the speedup), max_tokens = output_length with
     ignore_eos, prompt lengths as the trace says and shared blocks shared; rounds as for any cell."""
@@ -249,7 +270,7 @@ async def test_replay_against_the_simulated_engine(aiohttp_server: Any, tmp_path
     sim_app.middlewares.append(keep)
     sim = await aiohttp_server(sim_app)
     trace = tmp_path / "t.jsonl"
-    rows = [(0, 20, 3, [0, 1, 2]), (400, 18, 2, [0, 1, 3]), (800, 7, 4, [0, 4]), (1000, 30, 1, [5])]
+    rows = [(0, 20, 3, [0, 1, 2]), (400, 18, 2, [0, 1, 3]), (800, 7, 4, [0]), (1000, 30, 1, [5])]
     trace.write_text("".join(json.dumps({"timestamp": t, "input_length": i, "output_length": o, "hash_ids": h}) + "\n"
                              for t, i, o, h in rows))
     cell = cell_from_options(scenario="replay", input_tokens=None, output_tokens=None, requests=None,
