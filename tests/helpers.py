@@ -60,6 +60,7 @@ class Upstream:
         self.handler: Handler = self.ok
         self.seen: list[dict[str, Any]] = []
         self.probes: list[str] = []  # the engine watch's requests (paths), kept apart from ``seen``
+        self.probe_times: list[float] = []  # when each probe came (monotonic)
 
     async def ok(self, request: web.Request) -> web.StreamResponse:
         return await stream_events(request, [e.encode() + b"\n\n" for e in (f"data: {x}" for x in OK_EVENTS)])
@@ -67,6 +68,7 @@ class Upstream:
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         if PROBE_USER_AGENT in request.headers.get("User-Agent", ""):  # the proxy's engine watch: off the record
             self.probes.append(request.path_qs)
+            self.probe_times.append(time.monotonic())
             return web.Response(status=200 if request.path == "/health" else 404)
         body = await request.read()
         self.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})

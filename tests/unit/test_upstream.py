@@ -15,6 +15,8 @@ from yarl import URL
 from exporter.proxy.wire.errors import UpstreamClosed, UpstreamConnectError, transport_reason
 from exporter.proxy.wire.upstream import Pool, Response, origin_of, request_head
 
+from tests.helpers import eventually
+
 PIECES = [b"data: %d\n\n" % i for i in range(50)]
 
 
@@ -217,7 +219,7 @@ async def test_a_request_goes_upstream_once_even_when_the_engine_closes_before_a
     assert transport_reason(info.value) == "upstream_disconnect"
     assert "before answering anything" in str(info.value) and "not sent again" in str(info.value)
     assert "pooled connection" in str(info.value)
-    await asyncio.sleep(0.05)  # a second attempt, were there one, would have reached the engine by now
+    # a second attempt would have needed a new connection, opened before the error was raised
     assert requests == 2 and pool.opened == 1
 
 
@@ -307,11 +309,14 @@ async def test_idle_connections_expire_and_one_that_speaks_unasked_is_closed(
     from exporter.proxy.wire import upstream
 
     writers: list[asyncio.StreamWriter] = []
+    both = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writers.append(writer)
         await _read_request(reader)
-        await asyncio.sleep(0.05)  # both requests are in flight at once: two connections
+        if len(writers) == 2:
+            both.set()
+        await both.wait()  # both requests are in flight at once: two connections
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx")
         await writer.drain()
         await reader.read()
@@ -324,14 +329,11 @@ async def test_idle_connections_expire_and_one_that_speaks_unasked_is_closed(
     first.release()
     assert pool.idle(origin_of(url)) == 1
     monkeypatch.setattr(upstream, "KEEPALIVE_S", 0.0)
-    await asyncio.sleep(0.01)
     second.release()  # pooling it closes the one idle past KEEPALIVE_S
     assert pool.idle(origin_of(url)) == 1 and first._conn.io.is_closing()
     monkeypatch.setattr(upstream, "KEEPALIVE_S", 4.0)
     for writer in writers:  # an answer to nothing, on the idle one (the other is closed)
         writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
-    for _ in range(100):
-        if pool.idle(origin_of(url)) == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert pool.idle(origin_of(url)) == 0
+    async def dropped() -> bool:
+        return pool.idle(origin_of(url)) == 0
+    await eventually(dropped)
