@@ -78,7 +78,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
     else:
         for r in results:
             print(format_row(r))
-    return 0 if all(r["ok"] for r in results) else 1
+    unreadable = [r for r in results if r["verdict"] == "unreadable"]
+    for r in unreadable:  # not a capture (or not one of ours): the user's mistake, not a failed check
+        print(f"evidence decode: {r['capture']} is not a readable capture: {r['reason']}", file=sys.stderr)
+    return 2 if unreadable else 0 if all(r["ok"] for r in results) else 1
 
 
 def _one_line(exc: Exception) -> str:
@@ -100,16 +103,20 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
     from .enginelog import engine_log_lines, join_dirs
     from .experiment import parse_expect
-    from .runs import RunError
-    from .summarize import summarize, uncertainty_warning, write_summary
+    from .outdir import check_out, prepare_out
+    from .runs import RunError, refuse_client_side
+    from .summarize import summarize, write_summary
     from .summary_md import summary_markdown
 
     try:
+        if args.out:
+            check_out(Path(args.out), args.force)  # before any work: never write into an earlier output
         expect = parse_expect(args.expect) if args.expect else None
         config = _judge_config(args)
         records, notes = load_many([Path(p) for p in args.records])
         if not records:
             return _fail(f"no records in {', '.join(args.records)}")
+        refuse_client_side(records, ", ".join(args.records))
         engine_log = join_dirs(records, [Path(p) for p in args.engine_log]) if args.engine_log else None
         if engine_log is not None:
             records = engine_log[0]  # with SGLang's own clock joined by response id
@@ -120,6 +127,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             summary["engine_log"] = engine_log[1]
         if len(args.records) > 1:
             summary["sources"] = notes
+        if args.out:
+            prepare_out(Path(args.out), args.force)
         paths = write_summary(summary, Path(args.out)) if args.out else []  # beside the records only when asked
     except ConfigError as exc:
         return _fail(_one_line(exc))
@@ -128,10 +137,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     print(summary_markdown(summary))
     print("written: " + ", ".join(str(p) for p in paths) if paths else
           "nothing written: --out DIR writes summary.md, summary.json and the CSV tables")
-    warning = uncertainty_warning(summary)
-    if warning:
-        print(warning, file=sys.stderr)
-    for line in summary.get("warnings") or []:  # e.g. an engine whose version changed inside a run
+    for line in summary.get("warnings") or []:  # timing uncertainty; an engine whose version changed in a run
         print(line, file=sys.stderr)
     for line in engine_log_lines(summary["engine_log"])[1] if engine_log is not None else []:
         print(line, file=sys.stderr)  # parts the engine log lacks
@@ -142,8 +148,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from exporter.proxy.config import ConfigError
 
     from .compare import CompareError, compare_dirs
+    from .outdir import check_out, prepare_out
 
     try:
+        check_out(Path(args.out), args.force)
+        prepare_out(Path(args.out), args.force)
         result = compare_dirs(Path(args.a), Path(args.b), Path(args.out), args.label_a, args.label_b,
                               engine_a=args.engine_a, engine_b=args.engine_b, run_a=args.run_a, run_b=args.run_b,
                               config=_judge_config(args), config_path=args.config)
@@ -203,12 +212,20 @@ _CONFIG_HELP = ("the proxy's config (YAML): its slo and slo_by_scenario judge re
 
 
 def _summarize_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    s = sub.add_parser("summarize", help="round tables from requests.jsonl; several --records merge exactly")
+    s = sub.add_parser("summarize", help="round tables from requests.jsonl; several --records merge exactly",
+                       description="Round tables from the proxy's requests.jsonl: per run, engine, scenario and "
+                                   "round the success counts, exact TTFT/TPOT/E2E percentiles, throughput and "
+                                   "goodput, the load each round had and its steady window; the median of rounds "
+                                   "with its spread; engines side by side with a noise verdict. Several --records "
+                                   "(several proxies) merge exactly. Exit status 2 for a mistake (one line names "
+                                   "it).")
     s.add_argument("--records", required=True, action="append", metavar="DIR",
                    help="records directory or requests.jsonl, repeatable: the union of the requests is summarized")
     _prom_options(s, required=False)
-    s.add_argument("--out", metavar="DIR", help="output directory for summary.md, summary.json and the CSV tables "
-                                                "(default: none, the tables are printed and nothing is written)")
+    s.add_argument("--out", metavar="DIR", help="output directory for summary.md, summary.json and the CSV tables; "
+                                                "must be new or empty (default: none, the tables are printed and "
+                                                "nothing is written)")
+    s.add_argument("--force", action="store_true", help="clear a non-empty --out first (default: refuse it)")
     s.add_argument("--run", metavar="ID", help="only this run's records (a run_id; default: every run, each in rows "
                                                "of its own, never merged)")
     s.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
@@ -224,10 +241,17 @@ def _summarize_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _compare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    c = sub.add_parser("compare", help="compare two runs per scenario and metric, with a noise verdict")
+    c = sub.add_parser("compare", help="compare two runs per scenario and metric, with a noise verdict",
+                       description="Compare two runs (records directories), or the two engines of one run, per "
+                                   "scenario and metric: each side's median of rounds with its spread, the delta "
+                                   "and a verdict (better, worse or within noise; none from one round or when the "
+                                   "loads differ). A run is never compared with itself. Exit status 2 for a "
+                                   "mistake (one line names it).")
     c.add_argument("a", metavar="A", help="records directory (or requests.jsonl) of run A")
     c.add_argument("b", metavar="B", help="records directory (or requests.jsonl) of run B")
-    c.add_argument("--out", required=True, metavar="DIR", help="output directory (compare.md, compare.csv, PNGs)")
+    c.add_argument("--out", required=True, metavar="DIR", help="output directory (compare.md, compare.csv, PNGs); "
+                                                               "must be new or empty")
+    c.add_argument("--force", action="store_true", help="clear a non-empty --out first (default: refuse it)")
     c.add_argument("--label-a", default="A", metavar="NAME", help="name of run A; picks that engine when A holds several (default: A)")
     c.add_argument("--label-b", default="B", metavar="NAME", help="name of run B; picks that engine when B holds several (default: B)")
     c.add_argument("--engine-a", metavar="ENGINE", help="only this engine's records of A (default: the label's, or all)")
@@ -247,7 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"llm-bench-exporter {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _export_parser(sub)
-    d = sub.add_parser("decode", help="re-decode raw SSE captures and judge them again")
+    d = sub.add_parser("decode", help="re-decode raw SSE captures and judge them again",
+                       description="Re-decode raw SSE captures (the proxy's captures/<id>.sse with its .json) "
+                                   "offline with the proxy's own core and judge them again: the verdict, the "
+                                   "checks (SHA-256 against the capture and requests.jsonl) and, with "
+                                   "--tokenizer, the output token ids named. Exit status 1 when a capture's "
+                                   "check fails; 2 for a file that is not a readable capture.")
     d.add_argument("captures", nargs="+", help="captures/<id>.sse or .json")
     d.add_argument("--json", action="store_true",
                    help="print one JSON document with every capture's verdict and checks (default: one line each)")

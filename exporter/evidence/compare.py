@@ -25,7 +25,7 @@ from exporter.proxy.config import Config
 from .merge import load_records
 from .noise import METRICS, RULE, delta_pct, fmt_delta, fmt_noise, judged_verdict
 from .outdir import make_dir
-from .runs import RunError, runs_in
+from .runs import RunError, refuse_client_side, runs_in
 from .summarize import summarize
 from .summary_md import PROXY_SIDE, md_table, title_of
 
@@ -65,6 +65,10 @@ def _one_run(records: list[dict[str, Any]], path: Path, flag: str, run: str | No
 def load_run(path: Path, label: str, engine: str | None, *, run: str | None = None, flag: str = "--run-a",
              config: Config | None = None, config_path: Path | str | None = None) -> Run:
     records = load_records(path)
+    try:
+        refuse_client_side(records, str(path))
+    except RunError as exc:
+        raise CompareError(str(exc)) from None
     run_id = _one_run(records, path, flag, run)
     present = sorted({str(r.get("engine")) for r in records})
     pick = engine or (label if label in present and len(present) > 1 else None)
@@ -184,6 +188,10 @@ def compare_dirs(a: Path, b: Path, out: Path, label_a: str = "A", label_b: str =
     judge: dict[str, Any] = {"config": config, "config_path": config_path}
     side_a = load_run(Path(a), label_a, engine_a, run=run_a, flag="--run-a", **judge)
     side_b = load_run(Path(b), label_b, engine_b, run=run_b, flag="--run-b", **judge)
+    if Path(a).resolve() == Path(b).resolve() and (side_a.run_id, side_a.engines) == (side_b.run_id, side_b.engines):
+        raise CompareError(f"A and B are the same records ({a}): the same run and engines ({', '.join(side_a.engines)})"
+                           " compared with themselves say nothing; name an engine on each side (--label-a sglang "
+                           "--label-b vllm, or --engine-a/--engine-b) or give another run as B")
     rows = compare_runs(side_a, side_b)
     if not rows:
         raise CompareError(f"{label_a} and {label_b} share no scenario: nothing to compare")

@@ -35,11 +35,11 @@ from dashboards.promql import job_selector
 from exporter import __version__
 
 from .counts import CountSpan, exact_counts
+from .evidence_md import QueryEvidence, evidence_markdown, panel_kind
 from .identity import for_window
 from .outdir import OutDirError, check_out, prepare_out
 from .promapi import MAX_POINTS, PromError, Prometheus, parse_duration
 from .render import render_board
-from .report import QueryEvidence, evidence_markdown, panel_kind
 from .stepcheck import check_count_step
 from .totals import rate_mark, rate_note, round_totals, shortest_span, totals_lines
 from .windows import Window, WindowError, check_not_future, iso, scenario_of

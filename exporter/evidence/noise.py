@@ -5,6 +5,7 @@ Used by ``evidence summarize`` (engines side by side) and ``evidence compare`` (
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,9 @@ def verdict(a: Mapping[str, Any], b: Mapping[str, Any], metric: Metric) -> str |
     spread_b = (b.get("spread") or {}).get(metric.key)
     ci_a, ci_b = (a.get("ci95") or {}).get(metric.key), (b.get("ci95") or {}).get(metric.key)
     diff = vb - va
-    if abs(diff) <= max(_width(spread_a), _width(spread_b)) or _overlap(ci_a, ci_b):
+    width = max(_width(spread_a), _width(spread_b))
+    # a tie within float error is a tie: ratios built from counts (k/n) meet their spreads exactly
+    if abs(diff) <= width or math.isclose(abs(diff), width, rel_tol=1e-9) or _overlap(ci_a, ci_b):
         return "within noise"
     return "better" if (diff > 0) == metric.higher_is_better else "worse"
 

@@ -31,7 +31,8 @@ from exporter.proxy.config import DEFAULT_SLO, Config
 
 __all__ = ["UNKNOWN_RUN", "SKIP_SCENARIOS", "RunError", "run_of", "runs_in", "select_run", "group_rounds",
            "judge_by", "RoundKey", "SCENARIO_LOG", "Announcement", "ScenarioLog", "ScenarioLogError",
-           "scenario_log_path", "read_announcements", "repeated_rounds", "utc_bound", "split_repeated"]
+           "scenario_log_path", "read_announcements", "repeated_rounds", "utc_bound", "split_repeated",
+           "refuse_client_side"]
 
 UNKNOWN_RUN = "unknown"
 SKIP_SCENARIOS = frozenset({"warmup"})
@@ -41,6 +42,16 @@ RoundKey = tuple[str, str, str, Any]
 
 class RunError(ValueError):
     """A ``--run`` that the records do not hold; the message lists those they do."""
+
+
+def refuse_client_side(records: Sequence[Mapping[str, Any]], where: str) -> None:
+    """RunError when ``records`` are the load driver's own (``load --out DIR``'s requests.jsonl: each
+    with its intended send time, none with the proxy's run id): its timings are the client's, not
+    the proxy's, and every evidence table says it is proxy-side."""
+    if records and all("intended_start_unix" in r and not r.get("run_id") for r in records):
+        raise RunError(f"{where} holds the load driver's own records (client-side, from load --out): give the "
+                       "proxy's records directory (records_dir in its config), where every figure is measured "
+                       "proxy-side")
 
 
 def run_of(record: Mapping[str, Any]) -> str:

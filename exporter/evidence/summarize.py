@@ -191,8 +191,10 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
     if repeated:
         out["repeated_rounds"] = repeated
     ident = identity(records_dirs, [r["run_id"] for r in out["runs"]])
+    uncertain = uncertainty_warning(out)
     out.update(engines=ident["engines"], proxy=ident["proxy"],
-               warnings=[*out.get("warnings", []), *unread, *map(repeated_warning, repeated), *ident["warnings"]])
+               warnings=[*out.get("warnings", []), *([uncertain] if uncertain else []), *unread,
+                         *map(repeated_warning, repeated), *ident["warnings"]])
     return out
 
 

@@ -47,9 +47,9 @@ from exporter.core.stats import round_row
 from exporter.proxy.config import DEFAULT_SLO
 
 from .counts import covering
+from .evidence_md import panel_kind
 from .merge import MergeError, load_records
 from .promapi import Prometheus
-from .report import panel_kind
 from .runs import group_rounds
 from .windows import Window, iso
 

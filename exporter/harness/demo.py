@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import shutil
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -36,8 +38,36 @@ __all__ = ["add_parser", "run_demo"]
 MARKER = ".llmbench-demo"
 
 
+#: the widest line the demo prints as prose (tables keep their rows whole)
+WIDTH = 120
+
+
+def table_row(line: str) -> bool:
+    """A row of a table: a Markdown row, or columns aligned with runs of spaces (two runs or more)."""
+    body = line.strip()
+    return body.startswith("|") or len(re.findall(r"\S {2,}(?=\S)", body)) >= 2
+
+
+def fit(msg: str, width: int = WIDTH) -> str:
+    """``msg`` with each prose line longer than ``width`` wrapped at spaces, its continuation indented
+    two more than the line (or under the text after an aligned label, ``records:    PATH``); table
+    rows (:func:`table_row`) whole."""
+    out = []
+    for line in msg.split("\n"):
+        if len(line) <= width or table_row(line):
+            out.append(line)
+            continue
+        body = line.lstrip(" ")
+        indent = line[: len(line) - len(body)]
+        label = re.match(r"\S+ {2,}", body)
+        more = indent + (" " * label.end() if label else "  ")
+        out.append(textwrap.fill(body, width=width, initial_indent=indent, subsequent_indent=more,
+                                 break_long_words=False, break_on_hyphens=False))
+    return "\n".join(out)
+
+
 def _say(msg: str) -> None:
-    print(msg, flush=True)
+    print(fit(msg), flush=True)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -83,6 +113,8 @@ def _evidence(prom_url: str | None, window: str, out: Path) -> tuple[Path | None
     try:
         summary = summarize(load_records(records), prom, records_dirs=[records])
         write_summary(summary, out / "summary")
+        for line in summary.get("warnings") or []:  # e.g. rounds whose timing uncertainty is high
+            _say(line)
         _llmd_reports(records, out / "llm-d")
         if prom is not None:
             export(prom, parse_window(window), out / "evidence", progress=False, records=records)
@@ -121,6 +153,27 @@ def _compare(out: Path) -> Path | None:
     return out / "compare"
 
 
+def _html_report(out: Path, prom_url: str | None, plan: str, summaries: list[dict[str, Any]]) -> Path | None:
+    """``evidence report --format html`` of the demo's run: the seed's report, one page."""
+    from exporter.evidence.merge import MergeError
+    from exporter.evidence.outdir import OutDirError
+    from exporter.evidence.promapi import PromError, Prometheus
+    from exporter.evidence.report.cells import CellsError
+    from exporter.evidence.report.write import ReportError, ReportOptions, write_report
+    from exporter.evidence.tokens import TokenizerError, load_vocabulary
+
+    stops = [{**stop, "engine": s.get("engine")} for s in summaries for stop in s.get("stops") or []]
+    try:
+        named = out / "sim-tokenizer"
+        vocabulary = load_vocabulary(named) if (named / "tokenizer.json").exists() else None
+        write_report(ReportOptions([out / "records"], out / "report", "html", prom=Prometheus(prom_url) if prom_url
+                                   else None, plan=Path(plan), vocabulary=vocabulary, stops=stops))
+    except (CellsError, MergeError, OutDirError, PromError, ReportError, TokenizerError, OSError, ValueError) as exc:
+        _say(f"report failed: {exc}")
+        return None
+    return out / "report" / "report.html"
+
+
 def _empty_200s(out: Path) -> list[str]:
     """What the simulated vLLM generated in its empty-text 200s, from their captures (the proxy
     asked it for its token ids), named by the simulated vocabulary: the seed's diagnosis."""
@@ -134,7 +187,8 @@ def _empty_200s(out: Path) -> list[str]:
     empty = [r for r in loaded if r.get("reason") == "empty_text" and r.get("capture")]
     if not empty:
         return []
-    lines = [f"empty 200s: {len(empty)} (HTTP 200, [DONE], usage, no visible text); what the engine generated:"]
+    shown = "what the engine generated" if len(empty) <= 3 else "the first 3, what the engine generated"
+    lines = [f"empty 200s: {len(empty)} (HTTP 200, [DONE], usage, no visible text); {shown}:"]
     try:
         from exporter.evidence.decode import decode_capture
         from exporter.evidence.tokens import TokenizerError, load_vocabulary, summary_line
@@ -211,6 +265,8 @@ def _report(out: Path, stack: LocalStack, tables: tuple[str | None, str], found:
              "within noise per scenario and metric; CSV and one PNG per metric beside it)")
     if stack.prom_url and keep_running:
         _say(f"again:      evidence export --prometheus {stack.prom_url} --window {window} --out DIR")
+    if found["report"]:
+        _say(f"report:     {found['report']} (open it in a browser: the run's report, one page)")
 
 
 def _replay(stack: LocalStack, out: Path, plan: Plan, tokenizer: Path | None) -> list[dict[str, Any]]:
@@ -249,7 +305,8 @@ def _run(args: argparse.Namespace, out: Path, plan: Plan, stack: LocalStack) -> 
     (out / "rounds.txt").write_text(table + "\n", encoding="utf-8")
     window = f"{int(started)},{int(ended + args.settle)}"
     exported, proxy_side = _evidence(prom_url, window, out)
-    found = {"boards": _write_dashboards(out), "evidence": exported, "compare": _compare(out)}
+    found = {"boards": _write_dashboards(out), "evidence": exported, "compare": _compare(out),
+             "report": _html_report(out, prom_url, args.plan, summaries)}
     _report(out, stack, (proxy_side, table), found, window, args.keep_running)
     if args.keep_running:
         _say("stack left running; Ctrl-C stops it")

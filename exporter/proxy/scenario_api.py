@@ -2,6 +2,11 @@
 may be set (the configured scenario names and engines), this ``serve`` start's run id, and what
 is announced now per engine (``active``).
 
+The body may carry ``"cell"``: the round's parameters as the load driver knows them
+(``input_tokens``, ``output_tokens``, ``concurrency`` or ``rate``, ``stage``, ``warmup``),
+checked (:func:`check_cell`) and written beside the announcement in ``scenarios.jsonl``, where
+``evidence report`` reads what each scenario's cell was.
+
 ``{"scenario": null}`` or ``{"scenario": "none"}`` clears; a name longer than
 :data:`~exporter.proxy.scenarios.MAX_NAME` characters is refused (400) and never echoed or logged.
 A round announced again after it was cleared or replaced in this run is still set (200), and the
@@ -20,7 +25,28 @@ from .exchange import json_error
 from .scenarios import CLEAR, MAX_NAME, MAX_ROUND, Announced
 from .state import STATE
 
-__all__ = ["scenario_handler", "scenarios_handler", "check_request"]
+__all__ = ["scenario_handler", "scenarios_handler", "check_request", "check_cell", "CELL_KEYS"]
+
+#: a cell's keys and their checks (a count up to 10**9, a positive finite rate, a short name, a flag)
+CELL_KEYS: dict[str, Callable[[Any], bool]] = {
+    "input_tokens": lambda v: type(v) is int and 0 < v <= 10**9,
+    "output_tokens": lambda v: type(v) is int and 0 < v <= 10**9,
+    "concurrency": lambda v: v is None or (type(v) is int and 0 < v <= 10**9),
+    "rate": lambda v: v is None or (type(v) in (int, float) and 0 < v < float("inf")),
+    "stage": lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= MAX_NAME),
+    "warmup": lambda v: type(v) is bool,
+}
+
+
+def check_cell(cell: Any) -> str | None:
+    """Why a ``cell`` is refused (never repeating the input), or None."""
+    if not isinstance(cell, dict):
+        return "cell must be a JSON object"
+    unknown = [k for k in cell if k not in CELL_KEYS]
+    if unknown:
+        return f"cell: {len(unknown)} unknown key(s); known: {', '.join(CELL_KEYS)}"
+    bad = [k for k, v in cell.items() if not CELL_KEYS[k](v)]
+    return f"cell: {', '.join(bad)}: not a valid value" if bad else None
 
 
 def check_request(doc: Any, engine_known: Callable[[str], bool]) -> str | None:
@@ -36,6 +62,8 @@ def check_request(doc: Any, engine_known: Callable[[str], bool]) -> str | None:
         return f"round must be an integer 0..{MAX_ROUND}"
     if engine is not None and not (isinstance(engine, str) and engine_known(engine)):
         return "unknown engine"
+    if "cell" in doc and doc["cell"] is not None:
+        return check_cell(doc["cell"])
     return None
 
 
@@ -54,6 +82,11 @@ async def scenario_handler(request: web.Request) -> web.Response:
     except (ValueError, OSError) as exc:  # the shared state could not take it: say so, keep serving
         return json_error(507, f"scenario not set: {exc}", "scenario_state")
     label = None if name is None or name in CLEAR else state.scenarios.label(name)
+    if label not in (None, "other") and doc.get("cell"):
+        try:
+            state.scenarios.note_cell(label, rnd, done.engines, doc["cell"])
+        except (ValueError, OSError) as exc:
+            return json_error(507, f"cell not noted: {exc}", "scenario_state")
     answer: dict[str, Any] = {"scenario": label, "round": rnd, "engines": done.engines}
     if done.warning is not None:
         answer["warning"] = done.warning

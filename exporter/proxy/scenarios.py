@@ -265,6 +265,14 @@ class ScenarioBoard:
         })
         return Announced(list(engines), changed, warning)
 
+    def note_cell(self, label: str, round_: int, engines: list[str], cell: dict[str, Any]) -> None:
+        """One ``scenarios.jsonl`` line with the announced round's cell parameters (its
+        input and output tokens, concurrency or rate, stage), checked by the caller.  Its engines are
+        under ``for_engines``, so that readers of the announcements' spans pass over it."""
+        now = time.time()
+        self._log.write({"event": "cell", "run_id": self.run_id, "time": iso(now, ms=True), "unix": round(now, 3),
+                         "for_engines": list(engines), "scenario": label, "round": round_, "cell": dict(cell)})
+
     def _repeat_warning(self, label: str, round_: int, before: list[tuple[str, float | None]]) -> str:
         when = ", ".join(f"{e} at {'an earlier time' if t is None else iso(t)}" for e, t in before)
         return (f"{label}#{round_} was announced before in this run ({self.run_id or 'this serve start'}): "

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from exporter.evidence.promapi import Prometheus
+from exporter.harness.demo import table_row
 
 from tests.helpers import require_prometheus
 
@@ -109,6 +110,13 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         assert len(records) == sum(len((out / "load" / e / "requests.jsonl").read_text().splitlines())
                                    for e in ("sglang", "vllm", "sglang-replay", "vllm-replay"))
         _replays_its_own_traffic(out, log, "chat-s4", 12)
+        # the demo ends with its report, and says where it is
+        assert re.search(rf"^report:\s+{re.escape(str(out / 'report' / 'report.html'))}\s", log, re.M), log[-2000:]
+        wide = [line for line in log.splitlines() if len(line) > 120 and not table_row(line)
+                and len(line.split()) > 1]  # a path longer than a line stays whole
+        assert not wide, wide
+        assert {"What ran", "Core matrix"} <= set(re.findall(r"<h2>([^<]*)</h2>", (out / "report" / "report.html")
+                                                               .read_text()))
         boards = sorted(p.name for p in (out / "dashboards").glob("*.json"))
         assert boards, "the demo writes the dashboards"
         assert (out / "evidence" / "EVIDENCE.md").exists() and (out / "evidence" / "comparison.png").exists()
@@ -150,12 +158,13 @@ def _replays_its_own_traffic(out: Path, log: str, scenario: str, n: int) -> None
     trace = out / "trace" / f"{scenario}.jsonl"
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
     assert len(lines) == n and "Block size: 64 tokens" in (out / "trace" / f"{scenario}.jsonl.md").read_text()
-    assert f"trace:      {trace} ({n} requests of {scenario} on sglang" in log, log
+    assert f"trace:      {trace} ({n} requests of {scenario} on sglang" in re.sub(r"\n {2,}", " ", log), log
     for engine in ("sglang", "vllm"):
         assert re.search(rf"^{engine}\s+replay\s+\d+/{n}\s", log, re.M), log
+        prose = re.sub(r"\n {2,}", " ", log)  # the demo wraps its prose at 120 columns, continuations indented
         assert re.search(rf"replay captured again \({engine}\): {n} of {n} requests( \(\d+ failed, compared by "
                          r"their usage\))?, lengths as in the trace, "
-                         r"\d+ block ids with \d+ reused \(trace: \d+, \d+\): the same; arrivals within \d+ ms", log), log
+                         r"\d+ block ids with \d+ reused \(trace: \d+, \d+\): the same; arrivals within \d+ ms", prose), log
         replayed = json.loads((out / "load" / f"{engine}-replay" / "summary.json").read_text())
         assert replayed["cells"][0]["median"]["requests"] == n
     # the trace's prompts reach no file: the records keep hashes, the trace ids

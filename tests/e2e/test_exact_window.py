@@ -27,8 +27,8 @@ import yaml
 
 from dashboards.catalogue import MIXIN, PANELS, exact_count, expand
 from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.evidence_md import panel_kind
 from exporter.evidence.promapi import Prometheus
-from exporter.evidence.report import panel_kind
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.stack import (
     ENGINES,

@@ -36,9 +36,9 @@ import requests
 from dashboards.catalogue import BOARDS, PANELS
 from exporter.evidence import export, render
 from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.evidence_md import panel_kind
 from exporter.evidence.merge import load_records
 from exporter.evidence.promapi import Prometheus
-from exporter.evidence.report import panel_kind
 from exporter.harness.stack import LocalStack
 
 from tests.helpers import require_prometheus, scrapes_since

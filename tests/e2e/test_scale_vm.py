@@ -25,8 +25,8 @@ import yaml
 from dashboards.catalogue import BOARDS
 from exporter.core.stats import percentile
 from exporter.evidence.cli import main as evidence_main
+from exporter.evidence.evidence_md import RATE_NOTE, panel_kind
 from exporter.evidence.promapi import TOKEN_ENV, Prometheus
-from exporter.evidence.report import RATE_NOTE, panel_kind
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.stack import (
     REPO_FILES,

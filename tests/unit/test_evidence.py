@@ -65,7 +65,8 @@ async def test_decode_success_and_broken_captures(aiohttp_server: Any, proxy_fac
     (tmp_path / "c.sse").write_bytes(b"")
     proc = subprocess.run([sys.executable, "-m", "exporter.evidence", "decode", str(sse), str(truncated),
                            str(corrupt), str(tmp_path / "missing.sse"), "--json"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    # two of them are not readable captures: the user's mistake, exit 2 (a failed check alone is 1)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     rows = json.loads(proc.stdout)
     assert rows[0]["ok"] and rows[0]["verdict"] == "success"
     assert not rows[1]["ok"] and rows[1]["reason"] == "missing_done" and not rows[1]["sha256_ok"]

@@ -20,7 +20,7 @@ from exporter.evidence import render
 from exporter.evidence import totals as totals_module
 from exporter.evidence.cli import main as evidence_main
 from exporter.evidence.counts import covering
-from exporter.evidence.report import panel_kind
+from exporter.evidence.evidence_md import panel_kind
 from exporter.evidence.windows import Window, WindowError, parse_window
 
 RUN_1, RUN_2 = "20261201T090000Z-aaaaaa", "20261201T100000Z-bbbbbb"

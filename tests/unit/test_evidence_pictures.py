@@ -10,7 +10,7 @@ import pytest
 
 from dashboards.catalogue import ENGINE_COLORS, PANELS
 from exporter.evidence import render
-from exporter.evidence.report import QueryEvidence, _query_lines, below_first_bucket
+from exporter.evidence.evidence_md import QueryEvidence, _query_lines, below_first_bucket
 
 
 def _series(name: str, values: list[float], ref: str = "A") -> dict:
