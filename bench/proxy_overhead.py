@@ -36,17 +36,25 @@ from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  #
 from bench.timing_procs import cpu_of_tree  # noqa: E402
 
 
-def _event(i: int) -> bytes:
+def sse_event(i: int) -> bytes:
     doc = {"id": "cmpl-bench", "object": "text_completion", "created": 1, "model": "m",
            "choices": [{"index": 0, "text": f" tok{i}", "logprobs": None, "finish_reason": None, "stop_reason": None}]}
     return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
 
+#: vLLM's per-request metrics (``--enable-per-request-metrics``), on the usage chunk when a request
+#: carries ``X-Engine-Metrics`` (the engine's own clock, for bench/cost_table.py)
+ENGINE_METRICS = (b',"metrics":{"time_to_first_token_ms":40.0,"generation_time_ms":120.0,"queue_time_ms":10.0,'
+                  b'"mean_itl_ms":2.0,"tokens_per_second":500.0}')
+
+
 def upstream_app(chunks: int, interval_s: float) -> web.Application:
-    events = [_event(i) for i in range(chunks)]
-    usage = (b'data: {"id":"cmpl-bench","object":"text_completion","created":1,"model":"m","choices":[],'
-             b'"usage":{"prompt_tokens":8,"total_tokens":' + str(8 + chunks).encode() +
-             b',"completion_tokens":' + str(chunks).encode() + b"}}\n\ndata: [DONE]\n\n")
+    events = [sse_event(i) for i in range(chunks)]
+    usage_doc = (b'data: {"id":"cmpl-bench","object":"text_completion","created":1,"model":"m","choices":[],'
+                 b'"usage":{"prompt_tokens":8,"total_tokens":' + str(8 + chunks).encode() +
+                 b',"completion_tokens":' + str(chunks).encode() + b"}")
+    usage = usage_doc + b"}\n\ndata: [DONE]\n\n"
+    usage_timed = usage_doc + ENGINE_METRICS + b"}\n\ndata: [DONE]\n\n"
 
     async def handle(request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -57,7 +65,7 @@ def upstream_app(chunks: int, interval_s: float) -> web.Application:
             if i and pace:
                 await asyncio.sleep(pace)
             await resp.write(ev)
-        await resp.write(usage)
+        await resp.write(usage_timed if "X-Engine-Metrics" in request.headers else usage)
         await resp.write_eof()
         return resp
 
@@ -160,6 +168,11 @@ http {{
 """
 
 
+def nginx_binary() -> str | None:
+    """nginx where it is installed (Debian's is in /usr/sbin, which a user's PATH may lack)."""
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=200)
@@ -194,7 +207,7 @@ def main() -> int:
         code = f"import sys; sys.path.insert(0, {str(args.before.resolve())!r}); from exporter.cli import main; sys.exit(main())"
         children.append(Child("before", [sys.executable, "-c", code, "serve", "--config", str(cfg_before)], tmp))
         paths["before"] = f"http://127.0.0.1:{before_port}/up/v1/completions"
-    nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+    nginx = nginx_binary()
     if nginx and not args.no_nginx:
         nginx_port = free_port()
         (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, up_port=up_port, port=nginx_port))
