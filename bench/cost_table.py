@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -210,6 +211,7 @@ async def _main(args: argparse.Namespace) -> int:
         for c in reversed(children):
             c.stop()
         await runner.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
