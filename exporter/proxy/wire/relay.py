@@ -63,6 +63,9 @@ class ProxyFault(Exception):
 
 
 AnalyzerFactory = Callable[[float, int, bool], StreamAnalyzer]  # (t0, status, streaming) -> analyzer
+#: how ``t0`` is taken: the clock read just before the send(2) of the request's last byte (the
+#: kernel's transmit stamp is not taken: docs/timing.md says why)
+T0_SOURCE = "loop"
 
 
 class Deadlines(Protocol):
@@ -114,7 +117,6 @@ class Relay:
         self.capture = capture
         self.request_id = request_id
         self.t0 = time.time()  # reset when the request leaves
-        self.t0_source = "loop"
         self.analyzer: StreamAnalyzer | None = None
         self.response: web.StreamResponse | None = None
         self.end_t: float | None = None  # stamp of the read that ended the stream
@@ -169,7 +171,7 @@ class Relay:
 
     def outcome(self) -> Outcome:
         """What the relay did so far (the whole of it once :meth:`run` returned)."""
-        return Outcome(t0=self.t0, t0_source=self.t0_source, end_t=self.end_t, done_t=self.done_t,
+        return Outcome(t0=self.t0, t0_source=T0_SOURCE, end_t=self.end_t, done_t=self.done_t,
                        analyzer=self.analyzer, response=self.response, kernel_stamps=self.kernel_stamps,
                        backpressure_s=self.backpressure_s, error=self.error, first_hold_s=self.first_hold_s)
 
