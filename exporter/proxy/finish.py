@@ -107,7 +107,8 @@ class Measurement:
     def record(self, slo: Any) -> dict[str, Any]:
         """The requests.jsonl line (capture fields still empty), judged against ``slo``."""
         result = self.result
-        verdict = slo_result(result.ttft_s, result.tpot_s, slo.ttft_s, slo.tpot_s) if result.ok else None
+        verdict = slo_result(result.ttft_s, result.tpot_s, slo.ttft_s, slo.tpot_s) \
+            if result.ok and not result.pooling else None  # embeddings and rerank: never judged by the SLO
         fields = self.identity.fields()
         return {
             "id": fields.pop("id"),
@@ -175,7 +176,7 @@ class Finisher:
         computed, in a task (returned); the metrics move now either way."""
         record = m.record(self.config.slo_for(m.scenario))
         self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
-                                     m.timing_uncertainty_s, m.client_backpressure_s)
+                                     m.timing_uncertainty_s, m.client_backpressure_s, m.identity.route)
         self.failures.note(m.engine, m.result.reason, m.result.detail)
         keep = m.capture is not None and (self.config.capture_raw_sse == "all" or not m.result.ok)
         if not keep and (m.trace is None or m.trace.done()):

@@ -33,6 +33,7 @@ from exporter.core.analysis import REASONS, Result
 from exporter.core.slo import SLO_RESULTS
 
 from .config import Config
+from .decodemetrics import DecodeMetrics
 from .looplag import LAG_BUCKETS
 
 __all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "BACKPRESSURE_BUCKETS", "ProxyMetrics", "LocalGauge",
@@ -221,6 +222,12 @@ class ProxyMetrics:
         self.ttft_outside = histogram("llmbench_ttft_outside_engine_seconds",
                                       "The proxy's TTFT minus the engine's queue and prefill: HTTP, tokenizing, "
                                       "hand-offs, detokenizing, the network.")
+        self.decode = DecodeMetrics(registry, TTFT_BUCKETS)  # every gap, every channel
+        self.pooling = Histogram(
+            "llmbench_pooling_request_seconds",
+            "Embeddings and rerank requests, request sent to answer complete, successful requests (never in "
+            "the generation histograms, goodput or the SLO).", (*_LABELS, "route"), buckets=TTFT_BUCKETS,
+            registry=registry)
 
     def initialise(self, engine: str, scenarios: list[str], timed: frozenset[str] = frozenset()) -> None:
         """Create every counter and histogram series an engine can have at zero, so that
@@ -243,16 +250,23 @@ class ProxyMetrics:
             self.goodput_tokens.labels(engine, scenario)
             self.arrivals.labels(engine, scenario)
             self.backpressure.labels(engine, scenario)
+            self.decode.initialise(engine, scenario)
             if scenario in timed:  # histograms are ~180 series each: only where asked
                 for histogram in (self.ttft, self.tpot, self.e2e, self.engine_queue, self.engine_prefill,
-                                  self.ttft_outside):  # the engine's clock too: a short round's parts all count
+                                  self.ttft_outside, *self.decode.histograms()):  # the engine's clock too: a short round's parts all count
                     histogram.labels(engine, scenario)
 
     def observe_request(self, engine: str, scenario: str, result: Result, slo_verdict: str | None,
-                        uncertainty_s: float, backpressure_s: float) -> None:
+                        uncertainty_s: float, backpressure_s: float, route: str = "") -> None:
         """Count one finished request; time it only when it succeeded; ``slo_verdict`` is its
-        SLO result (None unless it succeeded)."""
+        SLO result (None unless it succeeded).  An embeddings or rerank request is counted and its
+        latency goes to the pooling histogram (label ``route``), nothing else."""
         self.requests.labels(engine, scenario, result.outcome, result.reason or "none").inc()
+        if result.pooling:
+            self.request_uncertainty.labels(engine).observe(uncertainty_s)
+            if result.ok and result.e2e_s is not None:
+                self.pooling.labels(engine, scenario, route).observe(result.e2e_s)
+            return
         if result.completion_tokens is not None:
             self.output_tokens.labels(engine, scenario, result.outcome).inc(result.completion_tokens)
         if result.prompt_tokens is not None:
@@ -263,6 +277,7 @@ class ProxyMetrics:
             self.empty_text.labels(engine, scenario).inc()
         self.request_uncertainty.labels(engine).observe(uncertainty_s)
         self.backpressure.labels(engine, scenario).observe(backpressure_s)
+        self.decode.count(engine, scenario, result)
         if not result.ok:
             return
         if result.ttft_s is not None:
@@ -273,6 +288,7 @@ class ProxyMetrics:
             self.e2e.labels(engine, scenario).observe(result.e2e_s)
         if result.engine_timing is not None:
             self._observe_engine_clock(engine, scenario, result)
+        self.decode.observe(engine, scenario, result)
         if slo_verdict is not None:
             self.slo.labels(engine, scenario, slo_verdict).inc()
             if slo_verdict == "met" and result.completion_tokens:
