@@ -66,6 +66,7 @@ _JUDGED = "llmbench_requests_total" + MIXIN.proxy(_JUDGED_M, _ES)
 _FAILED = "llmbench_requests_total" + MIXIN.proxy('outcome="failure"', _ES)
 _EMPTY = "llmbench_empty_text_responses_total" + MIXIN.proxy(_ES)
 _MET = "llmbench_slo_requests_total" + MIXIN.proxy(_MET_M, _ES)
+_ITL = "llmbench_inter_token_latency_seconds"
 
 
 def _count(selector: str, by: str = BY_E) -> str:
@@ -242,6 +243,19 @@ COMPARISON = Board(
                           "and mean over 1-minute windows. Above zero, the client is the bottleneck: its own "
                           "figures and its closed loop are not the engine's; records mark such requests "
                           "client_bound."),
+        Panel("itl_p95_p99", "Inter-token latency P95 and P99", "s", width=12, thresholds=(SLO_TPOT_S,), queries=(
+            Query(_p95(_ITL), f"{LEGEND} ITL P95", "A"),
+            Query(_p(0.99, _ITL, E, _ES), f"{LEGEND} ITL P99", "B")),
+              description="Every per-token gap of successful streams, pooled over requests, 1-minute windows: a gap "
+                          "between two visible-text arrivals counts once for each token of the later arrival, at "
+                          "the gap divided by those tokens (several tokens in one event, or events merged in one "
+                          "read, never make zero gaps). TPOT is each request's mean; these are its tails."),
+        Panel("ttft_vs_ttfo", "TTFT and time to first output token, P95", "s", width=12, thresholds=(SLO_TTFT_S,),
+              queries=(Query(_p95("llmbench_time_to_first_token_seconds"), f"{LEGEND} TTFT P95", "A"),
+                       Query(_p95("llmbench_time_to_first_output_token_seconds"), f"{LEGEND} TTFO P95", "B")),
+              description="TTFT counts the first visible text, reasoning included; TTFO the first answer text after "
+                          "any reasoning (chat-like streams that carry answer text). The distance between them is "
+                          "the time a reasoning model thought before it answered."),
     ),
     rows=(Row("Offered load", "offered_load"),),
 )
@@ -298,6 +312,18 @@ INTERNALS = Board(
                           "Beside each engine-side P95, the exact mean (rate of _sum / rate of _count): an engine "
                           "histogram's P95 that lies in its first bucket (vLLM's queue time starts at 0.3 s) only "
                           "says \"below that bound\", while the mean is exact."),
+        Panel("decode_stalls", "Decode stalls beside the engines' load", "short", width=24,
+              right_unit=("short", "requests"), queries=(
+                  Query(f"sum {BY_E} (rate(llmbench_decode_stalls_total{MIXIN.proxy(MIXIN.engine_matcher())}[{W}]))",
+                        f"{LEGEND} stalls/s", "A"),
+                  Query(f"sum({_engine('vllm', 'num_requests_running')})", "vllm running", "B", right=True),
+                  Query(f"sum({_engine('sglang', 'num_running_reqs')})", "sglang running", "C", right=True),
+                  Query(f"sum({_engine('vllm', 'num_requests_waiting')})", "vllm waiting", "D", right=True),
+                  Query(f"sum({_engine('sglang', 'num_queue_reqs')})", "sglang waiting", "E", right=True)),
+              description="Gaps between two visible-text arrivals longer than the proxy's stall_s (0.5 s by "
+                          "default) per second, every finished request, beside each engine's running and waiting "
+                          "requests (right axis) and above its prompt throughput: stalls that rise with waiting "
+                          "requests and prompt tokens are decode steps held up by other requests' prefills."),
         Panel("engine_generation", "Generation throughput (engine)", "suffix: tok/s", queries=(
             Query(f"sum(rate({_engine('vllm', 'generation_tokens_total')}[{W}]))", "vllm generated", "A"),
             Query(f"sum(rate({_engine('sglang', 'generation_tokens_total')}[{W}]))", "sglang generated", "B"))),

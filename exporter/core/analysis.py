@@ -7,12 +7,14 @@ project has exactly one definition of TTFT, TPOT, E2E and success.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from typing import Any
 
+from exporter.core.decode import DEFAULT_STALL_S, DecodeTrack, spec_counts
+from exporter.core.endpoints import POOLING, pooling_problem, reader_for
 from exporter.core.enginetime import EngineTiming, from_vllm_metrics, outside_engine
 from exporter.core.jsondepth import loads, loads_exact
 from exporter.core.request import RequestSpec
+from exporter.core.result import REASONS, TRANSPORT_REASONS, Result
 from exporter.core.sse import SSEParser
 from exporter.core.visible import cached_tokens, error_message, has_float_tokens, usage_tokens, visible_chars
 
@@ -27,83 +29,8 @@ __all__ = [
     "loads",
 ]
 
-#: Failure reasons in order of precedence: the first that applies wins.
-REASONS: tuple[str, ...] = (
-    "client_abort",
-    "proxy_error",  # a fault of the proxy itself: never blamed on the engine
-    "connect_error",
-    "timeout",
-    "upstream_disconnect",
-    "http_status",
-    "sse_error",
-    "malformed",
-    "missing_done",
-    "empty_text",
-    "missing_usage",
-    "length_mismatch",
-)
-#: Reasons decided by the transport, not by the bytes; the caller passes them to finish().
-TRANSPORT_REASONS: frozenset[str] = frozenset(REASONS[:5])
-
 #: Default bound of one line and of one event (or non-streaming body) held in memory.
 DEFAULT_MAX_BYTES = 16 << 20
-
-
-@dataclass(slots=True)
-class Result:
-    """Everything measured about one request; ``outcome`` is success, failure or client_abort.
-
-    Times are seconds from t0.  ``ttft_s``: first event with visible text.  ``ttfb_s``:
-    first response body byte.  ``ttfe_s``: first SSE data event whose ``choices`` list is
-    non-empty, text or not (what vLLM's bench client calls TTFT).  A non-streaming
-    body is one document that arrives whole: its ``ttft_s`` and ``ttfe_s`` are the time it was
-    complete (when it has text / choices), its ``ttfb_s`` the first byte as for a stream.
-    """
-
-    outcome: str
-    reason: str | None
-    detail: str | None
-    status: int | None
-    ttft_s: float | None
-    ttfb_s: float | None
-    ttfe_s: float | None
-    tpot_s: float | None
-    e2e_s: float | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    expected_tokens: int | None
-    visible_chars: int
-    done: bool
-    usage: bool
-    events: int
-    bytes: int
-    response_id: str | None
-    engine_queue_s: float | None = None  # the engine's own clock, where it tells it (core.enginetime)
-    engine_prefill_s: float | None = None
-    engine_decode_s: float | None = None
-    ttft_outside_engine_s: float | None = None  # TTFT − queue − prefill
-    engine_timing: str | None = None  # "stream", "engine-log" or None
-    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the engine tells it
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == "success"
-
-    @property
-    def empty_text_200(self) -> bool:
-        """HTTP 200, stream ended by the server, and not one visible character."""
-        return (
-            self.status == 200
-            and self.visible_chars == 0
-            and self.reason not in TRANSPORT_REASONS
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        # every field is a scalar: a shallow copy, not dataclasses.asdict's deep one
-        return {name: getattr(self, name) for name in _RESULT_FIELDS}
-
-
-_RESULT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Result))
 
 
 def _exact_usage(data: bytes) -> tuple[int, int] | None:
@@ -132,7 +59,8 @@ class StreamAnalyzer:
     __slots__ = (
         "t0", "status", "spec", "streaming", "_parser", "_body", "_max_event",
         "first_t", "last_t", "first_byte_t", "first_event_t", "visible", "done", "usage",
-        "error", "malformed", "events", "nbytes", "response_id", "engine_time", "cached",
+        "error", "malformed", "events", "nbytes", "response_id", "engine_time", "cached", "decode", "stall_s",
+        "_reader", "_pool",
     )
 
     def __init__(
@@ -144,6 +72,7 @@ class StreamAnalyzer:
         streaming: bool,
         max_line_bytes: int = DEFAULT_MAX_BYTES,
         max_event_bytes: int = DEFAULT_MAX_BYTES,
+        stall_s: float = DEFAULT_STALL_S,
     ) -> None:
         self.t0 = t0
         self.status = status
@@ -166,6 +95,11 @@ class StreamAnalyzer:
         self.response_id: str | None = None
         self.engine_time: EngineTiming | None = None  # the engine's own clock (vLLM's metrics object)
         self.cached: int | None = None  # prompt tokens from the engine's prefix cache, where it says
+        self.decode = DecodeTrack()  # every gap, every channel (core.decode)
+        self.stall_s = stall_s
+        self._reader: Any = reader_for(spec.endpoint)  # Responses, Messages: their own documents
+        #: embeddings, rerank: what is wrong with the answer (until one is read: that there is none)
+        self._pool: tuple[str, str] | None = ("malformed", "no answer document") if spec.endpoint in POOLING else None
 
     def feed(self, chunk: bytes, now: float) -> None:
         """One read from the upstream, arrived at monotonic time ``now``."""
@@ -215,6 +149,7 @@ class StreamAnalyzer:
         t0 = self.t0
         ttft = _since(self.first_t, t0)
         timing = self.engine_time
+        decode, gaps = self.decode.summary(t0, completion, self.stall_s)
         return Result(
             outcome=outcome,
             reason=reason,
@@ -240,6 +175,9 @@ class StreamAnalyzer:
             ttft_outside_engine_s=outside_engine(ttft, timing),
             engine_timing=timing.source if timing else None,
             cached_tokens=self.cached if self.usage is not None else None,
+            **decode,
+            itl_gaps=gaps,
+            pooling=self.spec.endpoint in POOLING,
         )
 
     # -- internals -------------------------------------------------------------------------
@@ -253,8 +191,11 @@ class StreamAnalyzer:
             return "sse_error", self.error
         if self.malformed is not None:
             return "malformed", self.malformed
+        if self.spec.endpoint in POOLING:
+            return self._pool or (None, None)
         if self.streaming and not self.done:
-            return "missing_done", "stream ended without data: [DONE]"
+            end = "data: [DONE]" if self._reader is None else self._reader.end_name
+            return "missing_done", f"stream ended without {end}"
         if self.visible == 0:
             return "empty_text", "no visible text in the response"
         if self.usage is None:
@@ -278,7 +219,7 @@ class StreamAnalyzer:
         if data == b"[DONE]":
             self.done = True
             return
-        if name == "error" and self.error is None:
+        if name == "error" and self.error is None and self._reader is None:  # a reader reads its own
             self.error = data.decode("utf-8", "replace")[:200]
         self._on_document(data, now)
 
@@ -289,12 +230,18 @@ class StreamAnalyzer:
             if self.malformed is None:
                 self.malformed = f"unparseable event JSON: {exc}"[:200]
             return
+        if self.spec.endpoint in POOLING:
+            self._pooled(obj)
+            return
         if not isinstance(obj, dict):
             if self.malformed is None:
                 self.malformed = f"event JSON is a {type(obj).__name__}, not an object"
             return
         if self.response_id is None and isinstance(rid := obj.get("id"), str):
             self.response_id = rid[:200]
+        if self._reader is not None:
+            self._read_other(obj, now)
+            return
         err = error_message(obj)
         if err is not None and self.error is None:
             self.error = err
@@ -307,6 +254,7 @@ class StreamAnalyzer:
             self.cached = cached_tokens(raw_usage)
             if "metrics" in obj:  # vLLM --enable-per-request-metrics: on the usage chunk
                 self.engine_time = from_vllm_metrics(obj["metrics"]) or self.engine_time
+                self.decode.spec = spec_counts(obj) or self.decode.spec
         choices = obj.get("choices")
         if self.first_event_t is None and isinstance(choices, list) and choices:
             self.first_event_t = now
@@ -316,6 +264,38 @@ class StreamAnalyzer:
                 self.first_t = now
             self.last_t = now
             self.visible += n
+            self.decode.text(now, choices, None if usage is None else usage[1])
+        elif "sglext" in obj:  # SGLang's spec_tokens_details: a chunk of its own
+            self.decode.spec = spec_counts(obj) or self.decode.spec
+        if usage is not None:
+            self.decode.usage(usage[1], raw_usage, obj)
+
+
+    def _pooled(self, obj: Any) -> None:
+        err = error_message(obj) if isinstance(obj, dict) else None
+        if err is not None and self.error is None:
+            self.error = err
+        spec = self.spec
+        self._pool = pooling_problem(spec.endpoint, obj, spec.inputs, spec.top_n)
+        usage = usage_tokens(obj.get("usage")) if isinstance(obj, dict) else None
+        if usage is not None:
+            self.usage = usage
+
+    def _read_other(self, obj: dict[str, Any], now: float) -> None:
+        """A Responses or Messages document: the reader says what it holds."""
+        got = self._reader.read(obj) if self.streaming else self._reader.whole(obj)
+        if got.error is not None and self.error is None:
+            self.error = got.error
+        if got.usage is not None:
+            self.usage = got.usage
+        if got.chars:
+            if self.first_t is None:
+                self.first_t = now
+            self.last_t = now
+            self.visible += got.chars
+            self.decode.channel_text(now, got.mask)
+        if got.end and self.streaming:
+            self.done = True
 
 
 def analyze_bytes(
@@ -328,10 +308,11 @@ def analyze_bytes(
     transport_error: str | None = None,
     max_line_bytes: int = DEFAULT_MAX_BYTES,
     max_event_bytes: int = DEFAULT_MAX_BYTES,
+    stall_s: float = DEFAULT_STALL_S,
 ) -> Result:
     """Judge a whole recorded response: ``chunks`` are (offset from t0, bytes) pairs."""
     analyzer = StreamAnalyzer(0.0, status, spec or RequestSpec(), streaming=streaming,
-                              max_line_bytes=max_line_bytes, max_event_bytes=max_event_bytes)
+                              max_line_bytes=max_line_bytes, max_event_bytes=max_event_bytes, stall_s=stall_s)
     last = 0.0
     for t, chunk in chunks:
         analyzer.feed(chunk, t)

@@ -27,19 +27,22 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.core.endpoints import POOLING, fixed_length, pooling_counts
 from exporter.core.jsondepth import as_utf8, blank_escapes, loads_exact, low_point, safe_cut, structure_marks
 
 __all__ = ["MAX_MEMBERS", "MAX_MODEL_CHARS", "RequestSpec", "top_level_members"]
 
 #: Members read from the request; all others are skipped unread.
 WANTED = frozenset({"model", "stream", "stream_options", "ignore_eos", "max_tokens", "max_completion_tokens",
-                     "return_token_ids"})
+                     "return_token_ids", "max_output_tokens", "top_n", "input", "documents"})
+#: Wanted members decoded only for the endpoints that need them (a Responses ``input`` is its prompt).
+POOLING_MEMBERS = frozenset({"input", "documents"})
 #: A model name longer than this (characters) is not recorded.
 MAX_MODEL_CHARS = 1024
 #: Top-level members the scan reads one by one before it jumps between possible wanted keys.
 MAX_MEMBERS = 1024
 # What any spelling of a wanted key contains: its name's start, or an escaped character.
-_SPELLINGS = (b"model", b"stream", b"ignore_eos", b"max_", b"return_", b"\\u00")
+_SPELLINGS = (b"model", b"stream", b"ignore_eos", b"max_", b"return_", b"top_n", b"input", b"documents", b"\\u00")
 _JUMP_BACK = 256  # bytes before such a spelling where reading resumes (a wanted key is <= 128)
 _JUMP_MEMBERS = 64  # members read after a jump
 _JUMPS = 256  # jumps before the body is parsed whole
@@ -340,8 +343,9 @@ def _parsed_members(body: bytes) -> dict[str, Any] | None:
     return {k: v for k, v in doc.items() if k in WANTED} if isinstance(doc, dict) else None
 
 
-def top_level_members(body: bytes) -> dict[str, Any] | None:
-    """The wanted members of the body's top-level object, decoded; None when it is not one."""
+def top_level_members(body: bytes, skip: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """The wanted members of the body's top-level object, decoded (but those in ``skip``); None when
+    it is not one."""
     text = as_utf8(body)
     if text is None:
         return None
@@ -354,17 +358,13 @@ def top_level_members(body: bytes) -> dict[str, Any] | None:
         return None
     members: dict[str, Any] = {}
     for key, value in raw.items():
-        if len(value) > _MAX_MEMBER_BYTES:
+        if len(value) > _MAX_MEMBER_BYTES or key in skip:
             continue
         try:
             members[key] = loads_exact(value, errors="surrogatepass")
         except ValueError:
             continue
     return members
-
-
-def _positive_int(value: Any) -> int | None:
-    return value if type(value) is int and value > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,22 +375,24 @@ class RequestSpec:
     expected_tokens: int | None = None  # set only when ignore_eos fixes the length
     model: str | None = None  # the request's "model" when a string of at most MAX_MODEL_CHARS
     wants_usage: bool = False  # stream_options.include_usage is true
+    endpoint: str = "completions"  # exporter.core.endpoints.ENDPOINTS' names
+    inputs: int | None = None  # embeddings: inputs; rerank: documents (None: not told, or over 64 KiB)
+    top_n: int | None = None  # rerank: the results asked
 
     @classmethod
-    def from_body(cls, body: bytes) -> RequestSpec:
+    def from_body(cls, body: bytes, endpoint: str = "completions") -> RequestSpec:
         """Read the spec from a raw request body; any bytes at all give a spec, never an error."""
-        members = top_level_members(body) if body else None
+        pooling = endpoint in POOLING
+        members = top_level_members(body, frozenset() if pooling else POOLING_MEMBERS) if body else None
         if members is None:
-            return cls()
-        expected = None
-        if members.get("ignore_eos") is True:
-            expected = _positive_int(members.get("max_completion_tokens")) or _positive_int(
-                members.get("max_tokens"))
+            return cls(endpoint=endpoint, stream=not pooling)
         model = members.get("model")
         options = members.get("stream_options")
+        inputs, top_n = pooling_counts(endpoint, members)
         return cls(
-            stream=members.get("stream") is True,
-            expected_tokens=expected,
+            stream=members.get("stream") is True and not pooling,
+            expected_tokens=fixed_length(endpoint, members),
             model=model if isinstance(model, str) and len(model) <= MAX_MODEL_CHARS else None,
             wants_usage=isinstance(options, dict) and options.get("include_usage") is True,
+            endpoint=endpoint, inputs=inputs, top_n=top_n,
         )

@@ -23,13 +23,15 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
 from typing import Any, Protocol
 
 from .slo import slo_result
 
-__all__ = ["percentile", "median", "round_row", "median_of_rounds", "nonzero_interval", "SloLike", "MEDIAN_KEYS",
-           "BOOTSTRAP_RESAMPLES", "MIN_BOOTSTRAP_REQUESTS"]
+__all__ = ["percentile", "sorted_percentile", "weighted_percentile", "median", "round_row", "median_of_rounds",
+           "nonzero_interval", "SloLike", "MEDIAN_KEYS", "BOOTSTRAP_RESAMPLES", "MIN_BOOTSTRAP_REQUESTS"]
 
 #: Resamples per bootstrap interval, and the fewest requests (all rounds) that get one.
 BOOTSTRAP_RESAMPLES = 400
@@ -57,6 +59,30 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     pos = (len(xs) - 1) * q / 100
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def sorted_percentile(values: Sequence[float], q: float, cum: Sequence[int] | None = None) -> float | None:
+    """:func:`percentile` of ``values`` sorted ascending, each repeated as often as ``cum`` says
+    (``cum[i]``: how many repeats the values up to ``values[i]`` make; None: once each), without
+    building that list: the two closest ranks are found by bisection."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} outside 0..100")
+    total = len(values) if cum is None else (cum[-1] if cum else 0)
+    if total == 0:
+        return None
+    pos = (total - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    if cum is None:
+        x_lo, x_hi = values[lo], values[hi]
+    else:
+        x_lo, x_hi = values[bisect_right(cum, lo)], values[bisect_right(cum, hi)]
+    return x_lo + (x_hi - x_lo) * (pos - lo)
+
+
+def weighted_percentile(pairs: Iterable[tuple[float, int]], q: float) -> float | None:
+    """:func:`percentile` of the values each repeated its weight (a non-negative integer) times."""
+    ordered = sorted(p for p in pairs if p[1] > 0)
+    return sorted_percentile([v for v, _ in ordered], q, list(accumulate(w for _, w in ordered)))
 
 
 def median(values: Iterable[float | None]) -> float | None:

@@ -25,8 +25,9 @@ LINE_COST = sys.getsizeof(b"") + 16
 
 def inject_usage(body: bytes, spec: RequestSpec) -> bytes | None:
     """The body with ``stream_options.include_usage = true`` for a streaming request that does
-    not ask for usage; None when nothing is to be added (not streaming, already asked, or not
-    a JSON object whose ``stream_options`` is an object or missing).
+    not ask for usage; None when nothing is to be added (not streaming, already asked, not a
+    completions or chat request, or not a JSON object whose ``stream_options`` is an object or
+    missing).
 
     The new member is appended before the body's final ``}``: one copy of the body, no
     re-serialization.  The body then holds ``stream_options`` twice when the client sent it
@@ -39,8 +40,8 @@ def inject_usage(body: bytes, spec: RequestSpec) -> bytes | None:
     duplicate key, before pydantic validates it.  The other keys of the client's
     ``stream_options`` are copied into the new one.
     """
-    if not spec.stream or spec.wants_usage:
-        return None
+    if not spec.stream or spec.wants_usage or spec.endpoint not in ("completions", "chat"):
+        return None  # Responses and Messages streams carry their usage in their own events
     members = _members(body)
     if members is None:
         return None

@@ -40,12 +40,13 @@ from exporter.proxy.records import JsonlWriter
 from exporter.proxy.wire.errors import transport_reason
 
 from .announce import post_scenario
+from .endpoints import PATHS, endpoint_body
 from .plan import WARMUP, Cell, Plan, PlanError, Stage, load_plan
 from .preflight import check_base_url, check_proxy_scenarios
 from .progress import Progress
 from .replay import Prompts, Replays
 from .runner import run_plan
-from .sessions import Turn, replay_sessions, request_body, run_sessions
+from .sessions import Turn, replay_sessions, run_sessions
 from .tables import add_prompt_lengths, write_tables
 
 if TYPE_CHECKING:
@@ -80,8 +81,9 @@ class Driver:
                  progress_clock: Callable[[], float] = time.monotonic,
                  clock: Callable[[], float] = time.monotonic,
                  connector: Callable[[], aiohttp.BaseConnector] | None = None,
-                 tokenizer: PromptTokenizer | None = None) -> None:
+                 tokenizer: PromptTokenizer | None = None, endpoint: str = "completions") -> None:
         self.base_url = base_url.rstrip("/")
+        self.endpoint = endpoint  # load --endpoint (chat: or a cell's chat); :mod:`.endpoints`
         parts = urlsplit(self.base_url)
         segs = [s for s in parts.path.split("/") if s]
         self.engine = segs[-1] if segs else None
@@ -191,9 +193,7 @@ class Driver:
         """A request of ``cell`` (its prompt: :meth:`.replay.Replays.prompt`), or ``given`` (prompt, max_tokens) by a trace."""
         prompt, max_tokens = given if given is not None else (
             self.replays.prompt(self.rng, cell.input_tokens, cell.chat), cell.output_tokens)
-        if cell.chat:
-            return request_body(self.model, max_tokens, messages=[{"role": "user", "content": prompt}])
-        return request_body(self.model, max_tokens, prompt=prompt)
+        return endpoint_body("chat" if cell.chat else self.endpoint, self.model, prompt, max_tokens)
 
     async def one(self, cell: Cell, scenario: str, round_: int, due: Due | None = None,
                   open_loop: bool = False, turn: Turn | None = None,
@@ -203,9 +203,10 @@ class Driver:
         ``turn``: a session's turn (:mod:`.sessions`), its body, headers and answer."""
         assert self.session is not None
         body = json.dumps(self.body(cell, given) if turn is None else turn.body).encode()
-        spec = RequestSpec.from_body(body)
+        endpoint = "chat" if cell.chat or turn is not None else self.endpoint
+        spec = RequestSpec.from_body(body, endpoint)
         rid = uuid.uuid4().hex
-        path = "/v1/chat/completions" if cell.chat or turn is not None else "/v1/completions"
+        path = PATHS[endpoint]
         headers = {"Content-Type": "application/json", "X-Bench-Scenario": scenario,
                    "X-Bench-Round": str(round_), "X-Request-Id": rid, **(turn.headers if turn else {})}
         wall = time.time()

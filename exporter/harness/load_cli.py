@@ -24,6 +24,7 @@ from exporter.evidence.outdir import OutDirError, check_out, prepare_out
 from exporter.proxy.prompttokens import PromptTokenizer, TokenizerError
 
 from .cliutil import HelpFormatter, UserError, fail, non_negative_float, non_negative_int, positive_float, positive_int
+from .endpoints import ENDPOINTS
 from .load import Driver
 from .plan import WARMUP, Plan, PlanError, Stage, cell_from_options, load_plan, scenario_names
 from .preflight import check_url_syntax
@@ -33,6 +34,8 @@ __all__ = ["add_parser", "cmd_load"]
 
 
 def _plan_from_args(args: argparse.Namespace) -> Plan:
+    if args.endpoint not in ("completions", "chat") and (args.plan or args.sessions or args.trace):
+        raise PlanError(f"--endpoint {args.endpoint} drives single requests: not with --plan, --sessions or --trace")
     if args.plan:
         return load_plan(args.plan)
     needed = () if args.trace else ("input_tokens", "output_tokens") if args.sessions else (
@@ -49,7 +52,8 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
     cell = cell_from_options(scenario=args.scenario, input_tokens=args.input_tokens,
                              output_tokens=args.output_tokens, requests=args.requests,
                              concurrency=args.concurrency, rate=args.rate, rounds=args.rounds,
-                             warmup=args.warmup, chat=args.chat, sessions=args.sessions, turns=args.turns,
+                             warmup=args.warmup, chat=args.endpoint == "chat", sessions=args.sessions,
+                             turns=args.turns,
                              think_time_s=args.think_time, tools=args.tools, **replay)
     return Plan([Stage("adhoc", [cell], args.stop_after_failed_rounds)])
 
@@ -107,7 +111,8 @@ async def _drive(args: argparse.Namespace, plan: Plan, out: Path | None) -> dict
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such support
             pass
     driver = Driver(args.base_url, None, model=args.model or plan.model, seed=args.seed, label=args.label,
-                    timeout_s=args.timeout, check_url=True, tokenizer=_tokenizer(args.tokenizer))
+                    timeout_s=args.timeout, check_url=True, tokenizer=_tokenizer(args.tokenizer),
+                    endpoint=args.endpoint)
     _check_framing(driver, plan, args.tokenizer)
     try:
         async with driver:
@@ -246,7 +251,12 @@ def add_parser(sub: Any) -> None:
                         "without --plan)")
     p.add_argument("--output-tokens", metavar="O", type=positive_int,
                    help="max_tokens of each request, with ignore_eos (default: none; needed without --plan)")
-    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default="completions",
+                   help="the endpoint each request goes to: /v1/completions, /v1/chat/completions, /v1/responses, "
+                        "/v1/messages (streamed, the answer's length fixed), /v1/embeddings (the prompt embedded) "
+                        "or /v1/rerank (four pieces of the prompt ranked)")
+    p.add_argument("--chat", dest="endpoint", action="store_const", const="chat",
+                   help="the same as --endpoint chat (default: off)")
     _add_session_options(p)
     p.add_argument("--plan", metavar="FILE",
                    help="plan YAML: stages of cells and sweeps, see examples/plans/ (default: none; "

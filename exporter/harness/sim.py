@@ -39,10 +39,11 @@ from exporter.proxy.prompttokens import PromptTokenizer, TokenizerError
 
 from .cliutil import HelpFormatter, UserError, bind_listen, fail, finite_float
 from .sim_cache import prompt_words
+from .sim_endpoints import add_endpoint_routes
 from .sim_engine import FAULTS, PROFILES, SimEngine, SimParams
 from .sim_identity import add_identity_routes
 from .sim_vocab import EOS_ID, token_id
-from .sim_wire import DONE, Wire, request_metrics
+from .sim_wire import DONE, TIMING_KEYS, SpecCounts, Wire, request_metrics, spec_steps
 
 __all__ = ["SimParams", "PROFILES", "FAULTS", "create_sim_app", "add_parser", "count_prompt_tokens"]
 
@@ -79,6 +80,7 @@ class _Job:
     prefill_s: float = 0.0  # scheduled to the first token
     first_token: float = 0.0  # monotonic time of the first token
     token_ids: bool = False  # the client asked for the output token ids (return_token_ids)
+    spec_details: bool = False  # SGLang: the client asked return_spec_tokens_details
 
 
 async def _parse(request: web.Request, sim: SimEngine) -> _Job | web.Response:
@@ -103,7 +105,8 @@ async def _parse(request: web.Request, sim: SimEngine) -> _Job | web.Response:
                 include_usage=bool((body.get("stream_options") or {}).get("include_usage")) or not stream,
                 fault=fault, wire=Wire(sim.p.profile, str(body.get("model") or sim.p.model), chat),
                 arrival=time.monotonic(), words=words, tool=sim.tool_call(body, chat),
-                token_ids=body.get("return_token_ids") is True)
+                token_ids=body.get("return_token_ids") is True,
+                spec_details=body.get("return_spec_tokens_details") is True)
 
 
 async def _prefill(sim: SimEngine, job: _Job) -> None:
@@ -127,11 +130,14 @@ async def _prefill(sim: SimEngine, job: _Job) -> None:
     m.lv(m.ttft).observe(job.first_token - job.arrival)
 
 
-def _request_metrics(sim: SimEngine, job: _Job, tokens: int) -> dict[str, Any] | None:
-    """vLLM's per-request metrics object, when the simulated vLLM is started with it."""
-    if sim.p.profile != "vllm" or not sim.p.per_request_metrics:
+def _request_metrics(sim: SimEngine, job: _Job, tokens: int, spec: SpecCounts | None = None) -> dict[str, Any] | None:
+    """vLLM's per-request metrics object, when the simulated vLLM is started with it or decodes
+    speculatively (then with ``speculative_decoding``)."""
+    if sim.p.profile != "vllm" or not (sim.p.per_request_metrics or spec):
         return None
-    return request_metrics(job.queue_s, job.prefill_s, time.monotonic() - job.first_token, tokens)
+    got = request_metrics(job.queue_s, job.prefill_s, time.monotonic() - job.first_token, tokens) \
+        if sim.p.per_request_metrics else dict.fromkeys(TIMING_KEYS)  # vLLM: null without per-request metrics
+    return {**got, "speculative_decoding": spec.vllm()} if spec else got
 
 
 async def _whole(sim: SimEngine, job: _Job) -> web.Response:
@@ -145,7 +151,8 @@ async def _whole(sim: SimEngine, job: _Job) -> web.Response:
     if job.token_ids and job.tool is None:
         ids = [EOS_ID if job.fault == "empty_text" else token_id(i) for i in range(job.max_tokens)]
         doc["choices"][0]["token_ids"] = ids
-    metrics = _request_metrics(sim, job, job.max_tokens)
+    metrics = _request_metrics(sim, job, job.max_tokens, spec_steps(job.max_tokens, sim.p.spec_tokens if job.tool is None
+                                                                     else 0, sim.p.spec_accept)[1])
     return web.json_response({**doc, "metrics": metrics} if metrics else doc)
 
 
@@ -153,28 +160,34 @@ async def _stream(request: web.Request, resp: web.StreamResponse, sim: SimEngine
     """The token events, then finish/usage/[DONE] as the profile spells them, with the job's fault."""
     wire, n, fault, vllm = job.wire, job.max_tokens, job.fault, sim.p.profile == "vllm"
     end = "tool_calls" if job.tool else "length"
+    sizes, spec = spec_steps(n, 0 if job.tool else sim.p.spec_tokens, sim.p.spec_accept)  # tokens an event
     if job.chat:
         await resp.write(wire.role())
-    for i in range(n):
+    first = 0  # the event's first token
+    for i, size in enumerate(sizes):
         if i:
             await asyncio.sleep(sim.step_time())
-        if fault == "sse_error" and i == n // 2:
-            await resp.write(wire.error())
-            break
-        if fault == "disconnect" and i == n // 2:
+        if fault in ("sse_error", "disconnect") and i == len(sizes) // 2:
+            if fault == "sse_error":
+                await resp.write(wire.error())
+                break
             if request.transport is not None:
                 request.transport.abort()
             return
-        finish = end if i == n - 1 and (vllm or not job.chat) else None
-        text = "" if fault == "empty_text" else f" tok{i}"
-        ids = ([EOS_ID] if fault == "empty_text" else [token_id(i)]) if job.token_ids else None
+        finish = end if i == len(sizes) - 1 and (vllm or not job.chat) else None
+        text = "" if fault == "empty_text" else "".join(f" tok{t}" for t in range(first, first + size))
+        ids = ([EOS_ID] * size if fault == "empty_text" else [token_id(t) for t in range(first, first + size)]
+               ) if job.token_ids else None
         await resp.write(wire.tool(i, n, job.tool, finish) if job.tool else wire.token(text, finish, ids))
-        sim.note_tokens(1)
+        sim.note_tokens(size)
+        first += size
     else:
         if job.chat and not vllm:
             await resp.write(wire.finish(end))
+        if spec is not None and not vllm and job.spec_details:
+            await resp.write(wire.spec_details(spec))
         if job.include_usage and fault != "missing_usage":
-            await resp.write(wire.usage(job.prompt_tokens, n, job.cached, _request_metrics(sim, job, n)))
+            await resp.write(wire.usage(job.prompt_tokens, n, job.cached, _request_metrics(sim, job, n, spec)))
     if fault != "missing_done":
         await resp.write(DONE)
     sim.metrics.lv(sim.metrics.e2e).observe(time.monotonic() - job.arrival)
@@ -253,6 +266,7 @@ def create_sim_app(params: SimParams, tokenizer: PromptTokenizer | None = None) 
     app.cleanup_ctx.append(engine_ctx)
     app.router.add_post("/v1/completions", _generate)
     app.router.add_post("/v1/chat/completions", _generate)
+    add_endpoint_routes(app, SIM)  # Responses, Messages, embeddings, rerank (sim_endpoints)
     add_identity_routes(app, params)  # /v1/models and the profile's own identity routes
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
@@ -276,6 +290,9 @@ _HELP = {
     "per_request_metrics": "vLLM profile: a metrics object with each usage (queue_time_ms, time_to_first_token_ms, "
                            "generation_time_ms, mean_itl_ms, tokens_per_second), as vLLM's "
                            "--enable-per-request-metrics",
+    "spec_tokens": "speculative decoding: tokens drafted each step, so an event carries several tokens (0: off); "
+                   "vLLM reports the counts in its metrics object, SGLang when asked return_spec_tokens_details",
+    "spec_accept": "speculative decoding: share of each step's drafted tokens accepted",
 }
 
 

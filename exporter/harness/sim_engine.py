@@ -43,6 +43,8 @@ class SimParams:
     prefix_cache_block: int = 16  # tokens per prefix-cache block; 0: no cache, no cached_tokens in usage
     tool_call_rate: float = 0.0  # chance of a tool call on a later user turn offering tools (sim_cache)
     per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics: a metrics object with the usage
+    spec_tokens: int = 0  # speculative decoding: tokens drafted a step (0: off)
+    spec_accept: float = 0.6  # share of a step's drafted tokens accepted
 
     def rate(self, fault: str) -> float:
         return float(getattr(self, f"fault_{fault}"))

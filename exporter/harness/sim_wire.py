@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Wire", "DONE", "usage_doc", "tool_arguments", "request_metrics"]
+__all__ = ["Wire", "DONE", "usage_doc", "tool_arguments", "request_metrics", "spec_steps", "SpecCounts", "TIMING_KEYS"]
 
 
 def _now() -> int:
@@ -81,6 +82,13 @@ class Wire:
         """The usage chunk; with ``metrics`` (vLLM's per-request metrics object) beside the usage."""
         return self._chunk([], usage=usage_doc(prompt, completion, cached), **({"metrics": metrics} if metrics else {}))
 
+    def spec_details(self, spec: SpecCounts) -> bytes:
+        """SGLang's speculative-decoding chunk (asked ``return_spec_tokens_details: true``): no choices,
+        ``sglext.spec_tokens_details`` with the request's drafted and accepted tokens and its verify steps."""
+        return self._chunk([], sglext={"spec_tokens_details": {
+            "spec_num_proposed_drafts": spec.drafts, "spec_num_correct_drafts": spec.accepted,
+            "spec_verify_ct": spec.steps}})
+
     def error(self) -> bytes:
         if self.vllm:
             err: dict[str, Any] = {"message": "Internal server error", "type": "InternalServerError",
@@ -116,6 +124,10 @@ def usage_doc(prompt: int, completion: int, cached: int | None) -> dict[str, Any
     return doc
 
 
+#: the timing members of vLLM's per-request ``metrics`` object
+TIMING_KEYS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second")
+
+
 def request_metrics(queue_s: float, prefill_s: float, generation_s: float, tokens: int) -> dict[str, Any]:
     """vLLM's per-request ``metrics`` object (``--enable-per-request-metrics``) from the simulated
     clock: queued to scheduled, scheduled to the first token, first to last token (ms), as vLLM
@@ -125,6 +137,39 @@ def request_metrics(queue_s: float, prefill_s: float, generation_s: float, token
             "queue_time_ms": queue_s * 1000,
             "mean_itl_ms": generation_s / (tokens - 1) * 1000 if tokens > 1 else None,
             "tokens_per_second": tokens / inference_s if inference_s > 0 else None}
+
+
+@dataclass(frozen=True, slots=True)
+class SpecCounts:
+    """One request's speculative decoding: verify steps, drafted tokens, accepted drafted tokens; ``k``
+    tokens drafted a step, ``histogram[j]`` the steps that accepted ``j`` of them."""
+
+    steps: int
+    drafts: int
+    accepted: int
+    k: int = 0
+    histogram: tuple[int, ...] = ()
+
+    def vllm(self) -> dict[str, Any]:
+        """vLLM's ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics summary``)."""
+        return {"mean_acceptance_length": 1 + self.accepted / self.steps if self.steps else 1.0,
+                "draft_acceptance_rate": self.accepted / self.drafts if self.drafts else 0.0,
+                "acceptance_histogram": list(self.histogram), "num_spec_steps": self.steps,
+                "num_accepted_draft_tokens": self.accepted, "num_draft_tokens": self.drafts, "num_spec_tokens": self.k}
+
+
+def spec_steps(n: int, k: int, accept: float) -> tuple[list[int], SpecCounts | None]:
+    """Tokens per decode step of an ``n``-token answer: with ``k`` > 0 drafted tokens a step, each step
+    accepts ``round(k * accept)`` of them (fewer at the end) and adds its own token, so one event
+    carries several tokens; ``k`` = 0: one token a step and no counts."""
+    if k <= 0:
+        return [1] * n, None
+    per_step = 1 + min(k, max(0, round(k * accept)))
+    sizes = [per_step] * (n // per_step) + ([n % per_step] if n % per_step else [])
+    histogram = [0] * (k + 1)
+    for size in sizes:
+        histogram[size - 1] += 1
+    return sizes, SpecCounts(len(sizes), k * len(sizes), n - len(sizes), k, tuple(histogram))
 
 
 def tool_arguments(i: int, n: int) -> str:

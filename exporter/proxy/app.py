@@ -1,8 +1,9 @@
 """The measuring reverse proxy: an aiohttp app factory and its handlers.
 
-Only ``POST /<engine>/v1/completions``, ``POST /<engine>/v1/chat/completions``,
-``GET /<engine>/v1/models`` and ``GET /<engine>/health`` are forwarded, always to the upstream
-fixed by the config (no open proxy); the last two unmeasured.  One request's work is
+Only ``POST /<engine>/v1/completions``, ``POST /<engine>/v1/chat/completions``, ``POST
+/<engine>/v1/responses``, ``POST /<engine>/v1/messages``, ``POST /<engine>/v1/embeddings``, ``POST
+/<engine>/v1/rerank``, ``GET /<engine>/v1/models`` and ``GET /<engine>/health`` are forwarded, always
+to the upstream fixed by the config (no open proxy); the last two unmeasured.  One request's work is
 :mod:`exporter.proxy.exchange`.
 """
 
@@ -215,6 +216,7 @@ def create_app(config: Config, registry: CollectorRegistry | None = None, worker
     app.router.add_post("/-/scenario", scenario_handler)
     app.router.add_get("/-/scenarios", scenarios_handler)
     app.router.add_get("/-/engines", _engines)
-    app.router.add_post(r"/{engine}/{path:v1/completions|v1/chat/completions}", _engine_handler)
+    app.router.add_post(r"/{engine}/{path:v1/completions|v1/chat/completions|v1/responses|v1/messages|"
+                        r"v1/embeddings|v1/rerank}", _engine_handler)
     app.router.add_get(r"/{engine}/{path:v1/models|health}", _engine_handler)
     return app

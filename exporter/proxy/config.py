@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from dashboards.mixin import CONFIG as MIXIN
+from exporter.core.decode import DEFAULT_STALL_S
 
 __all__ = ["Config", "ConfigError", "Engine", "Timeouts", "Slo", "Otlp", "Sessions", "Trace", "load_config",
            "parse_listen", "parse_gpu"]
@@ -157,6 +158,8 @@ class Config(_Model):
     #: two complete scrapes by each scraper seen in the last minute
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     drain_scrape_timeout_s: Annotated[float, Field(ge=0)] = 15.0
+    #: a raw gap between two visible-text arrivals over this (seconds) is a decode stall
+    stall_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = DEFAULT_STALL_S
     #: the SHA-256 of the file this config was read from (:func:`load_config`; None otherwise)
     _source_sha256: str | None = PrivateAttr(default=None)
 

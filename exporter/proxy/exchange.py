@@ -22,6 +22,7 @@ import uuid
 from aiohttp import web
 
 from exporter.core.analysis import RequestSpec, Result, StreamAnalyzer
+from exporter.core.endpoints import endpoint_of
 from exporter.core.usage import UsageEventFilter, ask_token_ids, inject_usage
 
 from .config import Engine
@@ -215,7 +216,7 @@ class Exchange:
         return None, None
 
     def _inspect(self, body: bytes) -> None:
-        self.spec = spec = RequestSpec.from_body(body)
+        self.spec = spec = RequestSpec.from_body(body, endpoint_of(self.path))
         model = getattr(spec, "model", None)
         self.identity = dataclasses.replace(self.identity, stream=spec.stream, model=model)
 
@@ -234,7 +235,7 @@ class Exchange:
     def _inject(self, body: bytes) -> tuple[UsageEventFilter | None, bytes]:
         """``token_ids: true``: ask for the output token ids; ``usage: inject``: ask for usage
         upstream for a client that did not (the filter then keeps the usage-only event from it)."""
-        if self.engine.token_ids:
+        if self.engine.token_ids and self.spec.endpoint in ("completions", "chat"):  # vLLM return_token_ids
             body = ask_token_ids(body) or body
         if self.engine.usage != "inject" or not self.spec.stream:
             return None, body
@@ -247,7 +248,8 @@ class Exchange:
     def _analyzer(self, t0: float, status: int, streaming: bool) -> StreamAnalyzer:
         cfg = self.state.config
         return StreamAnalyzer(t0, status, self.spec, streaming=streaming,
-                              max_line_bytes=cfg.max_line_bytes, max_event_bytes=cfg.max_event_bytes)
+                              max_line_bytes=cfg.max_line_bytes, max_event_bytes=cfg.max_event_bytes,
+                              stall_s=cfg.stall_s)
 
     def _hangup_reason(self) -> tuple[str | None, str | None]:
         """A client that hangs up after it was sent [DONE] has the whole

@@ -109,7 +109,8 @@ class Measurement:
     def record(self, slo: Any) -> dict[str, Any]:
         """The requests.jsonl line (capture fields still empty), judged against ``slo``."""
         result = self.result
-        verdict = slo_result(result.ttft_s, result.tpot_s, slo.ttft_s, slo.tpot_s) if result.ok else None
+        verdict = slo_result(result.ttft_s, result.tpot_s, slo.ttft_s, slo.tpot_s) \
+            if result.ok and not result.pooling else None  # embeddings and rerank: never judged by the SLO
         fields = self.identity.fields()
         return {
             "id": fields.pop("id"),
@@ -179,7 +180,7 @@ class Finisher:
         computed, in a task (returned); the metrics move now either way."""
         record = m.record(self.config.slo_for(m.scenario))
         self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
-                                     m.timing_uncertainty_s, m.client_backpressure_s)
+                                     m.timing_uncertainty_s, m.client_backpressure_s, m.identity.route)
         if m.proxy_added_s is not None:
             self.metrics.proxy_added.labels(m.engine, m.scenario).observe(m.proxy_added_s)
         self.failures.note(m.engine, m.result.reason, m.result.detail)

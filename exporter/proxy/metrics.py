@@ -11,11 +11,12 @@ Bucket bounds (seconds) are explicit so that reports can quote them:
 
 Every series of a configured engine and scenario exists from start-up at zero
 (:meth:`ProxyMetrics.initialise`), so windowed deltas also count a scenario's first requests.
-One exception keeps ``/metrics`` small: the engine's own clock (queue, prefill, the rest of TTFT)
-is told by few engines (vLLM with ``--enable-per-request-metrics``), so its three histograms
-(about 200 series per engine and scenario) are made at zero for all of an engine's scenarios
-when that engine first tells it; a window that starts before that request misses that one
-request's parts (its count is in the totals from then on).
+Histograms of what few engines or requests give are the exception that keeps ``/metrics`` small:
+the engine's own clock (queue, prefill, the rest of TTFT: vLLM with
+``--enable-per-request-metrics``), the first answer token (chat-like streams) and speculative
+decoding's acceptance are made at zero for all of an engine's scenarios when that engine first
+gives them (:meth:`ProxyMetrics.first_seen`); a window that starts before that one request misses
+its figure (its count is in the totals from then on).
 
 With ``serve --workers N`` the values live in prometheus_client's multiprocess files and the
 supervisor renders them merged (:mod:`exporter.proxy.workers`): counters and histograms add
@@ -38,6 +39,7 @@ from exporter.core.analysis import REASONS, Result
 from exporter.core.slo import SLO_RESULTS
 
 from .config import Config
+from .decodemetrics import DecodeMetrics
 from .looplag import LAG_BUCKETS
 
 __all__ = ["TTFT_BUCKETS", "TPOT_BUCKETS", "E2E_BUCKETS", "BACKPRESSURE_BUCKETS", "PROXY_ADDED_BUCKETS",
@@ -168,7 +170,7 @@ class ProxyMetrics:
         self.config = config
         self.worker = worker
         self._timed: dict[str, tuple[str, ...]] = {}  # per engine, the scenarios its histograms cover
-        self._clocked: set[str] = set()  # engines that told their own clock (their histograms exist)
+        self._seen: set[tuple[str, str]] = set()  # (engine, family) of the histograms made on first sight
         self.ttft = Histogram(
             "llmbench_time_to_first_token_seconds",
             "Time to the first non-empty visible text, successful requests.",
@@ -261,6 +263,12 @@ class ProxyMetrics:
         self.ttft_outside = histogram("llmbench_ttft_outside_engine_seconds",
                                       "The proxy's TTFT minus the engine's queue and prefill: HTTP, tokenizing, "
                                       "hand-offs, detokenizing, the network.")
+        self.decode = DecodeMetrics(registry, TTFT_BUCKETS)  # every gap, every channel
+        self.pooling = Histogram(
+            "llmbench_pooling_request_seconds",
+            "Embeddings and rerank requests, request sent to answer complete, successful requests (never in "
+            "the generation histograms, goodput or the SLO).", (*_LABELS, "route"), buckets=TTFT_BUCKETS,
+            registry=registry)
 
     def initialise(self, engine: str, scenarios: list[str], timed: frozenset[str] = frozenset()) -> None:
         """Create every counter and histogram series an engine can have at zero, so that
@@ -285,24 +293,34 @@ class ProxyMetrics:
             self.arrivals.labels(engine, scenario)
             self.backpressure.labels(engine, scenario)
             self.proxy_added.labels(engine, scenario)
+            self.decode.initialise(engine, scenario)
             if scenario in timed:  # histograms are ~180 series each: only where asked
-                for histogram in (self.ttft, self.tpot, self.e2e):
+                for histogram in (self.ttft, self.tpot, self.e2e, *self.decode.histograms()):
                     histogram.labels(engine, scenario)
         self._timed[engine] = tuple(s for s in scenarios if s in timed)
 
-    def _clock_told(self, engine: str) -> None:
-        """The engine told its own clock for the first time: its clock's histograms, at zero
-        for every scenario it is timed in (a short round's parts then all count)."""
-        self._clocked.add(engine)
+    def first_seen(self, engine: str, family: str, histograms: tuple[Histogram, ...]) -> None:
+        """``engine`` gives ``family``'s figures (its own clock, an answer after reasoning,
+        speculative decoding) for the first time: their series at zero for every scenario it is
+        timed in, so that a later round shorter than a scrape interval is counted whole."""
+        if (engine, family) in self._seen:
+            return
+        self._seen.add((engine, family))
         for scenario in self._timed.get(engine, ()):
-            for histogram in (self.engine_queue, self.engine_prefill, self.ttft_outside):
+            for histogram in histograms:
                 histogram.labels(engine, scenario)
 
     def observe_request(self, engine: str, scenario: str, result: Result, slo_verdict: str | None,
-                        uncertainty_s: float, backpressure_s: float) -> None:
+                        uncertainty_s: float, backpressure_s: float, route: str = "") -> None:
         """Count one finished request; time it only when it succeeded; ``slo_verdict`` is its
-        SLO result (None unless it succeeded)."""
+        SLO result (None unless it succeeded).  An embeddings or rerank request is counted and its
+        latency goes to the pooling histogram (label ``route``), nothing else."""
         self.requests.labels(engine, scenario, result.outcome, result.reason or "none").inc()
+        if result.pooling:
+            self.request_uncertainty.labels(engine).observe(uncertainty_s)
+            if result.ok and result.e2e_s is not None:
+                self.pooling.labels(engine, scenario, route).observe(result.e2e_s)
+            return
         if result.completion_tokens is not None:
             self.output_tokens.labels(engine, scenario, result.outcome).inc(result.completion_tokens)
         if result.prompt_tokens is not None:
@@ -313,6 +331,7 @@ class ProxyMetrics:
             self.empty_text.labels(engine, scenario).inc()
         self.request_uncertainty.labels(engine).observe(uncertainty_s)
         self.backpressure.labels(engine, scenario).observe(backpressure_s)
+        self.decode.count(engine, scenario, result)
         if not result.ok:
             return
         if result.ttft_s is not None:
@@ -323,14 +342,18 @@ class ProxyMetrics:
             self.e2e.labels(engine, scenario).observe(result.e2e_s)
         if result.engine_timing is not None:
             self._observe_engine_clock(engine, scenario, result)
+        if result.ttfo_s is not None:
+            self.first_seen(engine, "ttfo", (self.decode.ttfo,))
+        if result.spec_draft_tokens:
+            self.first_seen(engine, "spec", (self.decode.spec_ratio,))
+        self.decode.observe(engine, scenario, result)
         if slo_verdict is not None:
             self.slo.labels(engine, scenario, slo_verdict).inc()
             if slo_verdict == "met" and result.completion_tokens:
                 self.goodput_tokens.labels(engine, scenario).inc(result.completion_tokens)
 
     def _observe_engine_clock(self, engine: str, scenario: str, result: Result) -> None:
-        if engine not in self._clocked:
-            self._clock_told(engine)
+        self.first_seen(engine, "clock", (self.engine_queue, self.engine_prefill, self.ttft_outside))
         for histogram, value in ((self.engine_queue, result.engine_queue_s),
                                  (self.engine_prefill, result.engine_prefill_s),
                                  (self.ttft_outside, result.ttft_outside_engine_s)):

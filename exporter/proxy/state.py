@@ -26,7 +26,8 @@ from .wire.upstream import Pool
 
 __all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker", "new_run_id", "InFlight"]
 
-MEASURED = {"completions": "v1/completions", "chat": "v1/chat/completions"}
+MEASURED = {"completions": "v1/completions", "chat": "v1/chat/completions", "responses": "v1/responses",
+            "messages": "v1/messages", "embeddings": "v1/embeddings", "rerank": "v1/rerank"}
 
 T = TypeVar("T")
 
