@@ -168,14 +168,18 @@ class Driver:
         """The base URL is an engine itself: no proxy to announce rounds to."""
         self.engine = None
 
-    async def announce(self, scenario: str | None, round_: int) -> None:
-        """Tell the proxy which scenario round is running; a direct engine ignores this."""
+    async def announce(self, scenario: str | None, round_: int, cell: dict[str, Any] | None = None) -> None:
+        """Tell the proxy which scenario round is running, and what its cell is (input and output
+        tokens, concurrency or rate, the stage: ``evidence report`` pivots by them); a direct engine
+        ignores this."""
         if self.engine is None or self.session is None:
             return
         if scenario is not None:
             self._announced = True  # from now on, even if the answer is lost
-        status = await post_scenario(self.session, self.proxy_root,
-                                     {"scenario": scenario, "round": round_, "engine": self.engine}, self.progress_stream)
+        body: dict[str, Any] = {"scenario": scenario, "round": round_, "engine": self.engine}
+        if cell is not None:
+            body["cell"] = cell
+        status = await post_scenario(self.session, self.proxy_root, body, self.progress_stream)
         if scenario is None and status == 200:
             self._announced = False
 

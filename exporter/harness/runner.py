@@ -39,7 +39,7 @@ class Driver(Protocol):
     base_url: str
     model: str | None
 
-    async def announce(self, scenario: str | None, round_: int) -> None: ...
+    async def announce(self, scenario: str | None, round_: int, cell: dict[str, Any] | None = None) -> None: ...
 
     async def run_round(self, cell: Cell, scenario: str, round_: int, n: int) -> tuple[list[Record], float]: ...
 
@@ -121,16 +121,24 @@ class _StageRun:
         return [c.scenario for c in self.stage.cells[self.stage.cells.index(cell) + 1:]]
 
 
+def announced_cell(cell: Cell, stage: str, warmup: bool = False) -> dict[str, Any]:
+    """What a round measures, as the proxy keeps it beside the round (``/-/scenario``'s ``cell``):
+    the request shape, the load level (sessions at once for a session cell) and the stage."""
+    return {"input_tokens": cell.input_tokens, "output_tokens": cell.output_tokens,
+            "concurrency": cell.sessions if cell.sessions is not None else cell.concurrency, "rate": cell.rate,
+            "stage": stage, "warmup": warmup}
+
+
 async def _run_rounds(driver: Driver, run: _StageRun, cell: Cell) -> tuple[list[dict[str, Any]], list[list[Record]]]:
     """Warm-up, then the cell's rounds until the stop rule fires: (rows, each round's records)."""
     stage, k = run.stage, run.stage.stop_after_failed_rounds
     rows: list[dict[str, Any]] = []
     per_round: list[list[Record]] = []
     if cell.warmup:
-        await driver.announce(WARMUP, 0)
+        await driver.announce(WARMUP, 0, announced_cell(cell, stage.name, warmup=True))
         await driver.run_round(cell, WARMUP, 0, cell.warmup)
     for r in range(1, cell.rounds + 1):
-        await driver.announce(cell.scenario, r)
+        await driver.announce(cell.scenario, r, announced_cell(cell, stage.name))
         records, duration = await driver.run_round(cell, cell.scenario, r, cell.requests)
         row = {"engine": driver.label, "stage": stage.name, "scenario": cell.scenario, "round": r,
                **_figures(records, duration, run.slo)}
