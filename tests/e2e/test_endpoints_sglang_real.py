@@ -8,26 +8,18 @@ machine.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
 
-from exporter.core.analysis import RequestSpec, analyze_bytes
-from exporter.core.decode import DECODE_FIELDS
 from exporter.harness.real_engine import start_proxy
-from exporter.proxy.records import read_capture
 
-from tests.helpers import metric_value, read_records
+from tests import endpoint_checks as check
 from tests.sglang_engine import SglangServer, build_model, require_sglang
 
 pytestmark = pytest.mark.slow
-
-MAX_TOKENS = 8
 
 
 @contextlib.contextmanager
@@ -58,99 +50,29 @@ def pooling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
         yield url, out
 
 
-def _record(out: Path, client_id: str) -> dict[str, Any]:
-    for _ in range(100):
-        found = [r for r in read_records(out) if r["client_request_id"] == client_id]
-        if found:
-            return found[0]
-        time.sleep(0.1)
-    raise AssertionError(f"no record of {client_id}")
-
-
-def _post(url: str, path: str, body: dict[str, Any], rid: str) -> requests.Response:
-    return requests.post(f"{url}/sglang/{path}", json=body, headers={"X-Request-Id": rid}, timeout=300)
-
-
 @pytest.mark.parametrize("stream", [True, False])
 def test_responses(generating: tuple[str, Path], stream: bool) -> None:
-    url, out = generating
-    rid = f"responses-{stream}"
-    resp = _post(url, "v1/responses", {"model": "tiny", "input": "Say something.", "stream": stream,
-                                       "max_output_tokens": MAX_TOKENS}, rid)  # SGLang's takes no ignore_eos
-    assert resp.status_code == 200, resp.text
-    record = _record(out, rid)
-    assert record["route"] == "/v1/responses" and record["outcome"] == "success", (record["reason"],
-                                                                                    record["detail"])
-    assert 0 < record["completion_tokens"] <= MAX_TOKENS and record["prompt_tokens"] > 0
-    if stream:
-        assert b"[DONE]" not in resp.content and b"event: response." in resp.content
-        if record["completion_tokens"] == MAX_TOKENS:  # SGLang ends an answer capped so
-            assert b"event: response.incomplete" in resp.content
-        assert Path(record["capture"]).read_bytes() == resp.content  # the engine's bytes
-        assert record["text_events"] >= 2 and record["itl_max_s"] is not None
+    resp, record = check.responses(*generating, "sglang", stream, {})  # SGLang's takes no ignore_eos
+    if stream and record["completion_tokens"] == check.MAX_TOKENS:  # SGLang ends an answer capped so
+        assert b"event: response.incomplete" in resp.content
 
 
 def test_messages(generating: tuple[str, Path]) -> None:
-    url, out = generating
-    resp = _post(url, "v1/messages", {"model": "tiny", "max_tokens": MAX_TOKENS, "stream": True,
-                                      "messages": [{"role": "user", "content": "Say something."}]}, "messages")
-    assert resp.status_code == 200, resp.text
-    record = _record(out, "messages")
-    assert record["route"] == "/v1/messages", record
-    # no ignore_eos asked: a random model may stop early
-    assert record["outcome"] == "success", (record["reason"], record["detail"])
-    assert b"event: message_stop" in resp.content and b"[DONE]" not in resp.content
-    assert 0 < record["completion_tokens"] <= MAX_TOKENS and record["prompt_tokens"] > 0
+    check.messages(*generating, "sglang")
 
 
 def test_embeddings(pooling: tuple[str, Path]) -> None:
-    url, out = pooling
-    resp = _post(url, "v1/embeddings", {"model": "tiny", "input": ["one text", "another", "a third"]}, "embed")
-    assert resp.status_code == 200, resp.text
-    assert len(resp.json()["data"]) == 3
-    record = _record(out, "embed")
-    assert (record["route"], record["outcome"], record["slo_result"]) == ("/v1/embeddings", "success", None)
-    metrics = requests.get(f"{url}/metrics", timeout=10).text
-    assert metric_value(metrics, "llmbench_pooling_request_seconds_count", engine="sglang",
-                        route="/v1/embeddings") == 1
+    check.embeddings(*pooling, "sglang")
 
 
 def test_rerank(pooling: tuple[str, Path]) -> None:
-    url, out = pooling
-    resp = _post(url, "v1/rerank", {"model": "tiny", "query": "what is it", "documents": ["a", "b c", "d e f"],
-                                    "top_n": 2}, "rerank")
-    assert resp.status_code == 200, resp.text
-    assert len(json.loads(resp.content)) in (2, 3)  # SGLang answers a bare list
-    record = _record(out, "rerank")
-    assert (record["route"], record["outcome"]) == ("/v1/rerank", "success"), (record["reason"], record["detail"])
+    check.rerank(*pooling, "sglang", lambda doc: doc, (2, 3))  # SGLang answers a bare list
 
 
 def test_decode_fields_agree_with_what_the_client_received(generating: tuple[str, Path]) -> None:
-    """The record's decode fields are the core's verdict on the captured reads at their stamps, and agree
-    with the stream the client got: one text event per content chunk (SGLang sends no token ids: its
-    completion tokens are spread over the events).
-    (A fast engine may hand several events to one read: with fewer than two such reads the gap fields
-    are null, as they must be.)"""
-    url, out = generating
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Count."}], "max_tokens": 48,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    resp = _post(url, "v1/chat/completions", body, "decode")
-    assert resp.status_code == 200, resp.text
-    chunks = [json.loads(line[6:]) for line in resp.text.splitlines()
-              if line.startswith("data: {") and '"choices":[{' in line.replace(" ", "")]
-    text = [c for c in chunks if (c["choices"][0].get("delta") or {}).get("content")]
-    record = _record(out, "decode")
-    assert record["outcome"] == "success", (record["reason"], record["detail"])
-    meta, captured = read_capture(Path(record["capture"]))
-    again = analyze_bytes([(offset, captured[pos:pos + size]) for pos, size, offset in meta["reads"]],
-                          spec=RequestSpec(stream=True, expected_tokens=48, endpoint="chat"))
-    for name in DECODE_FIELDS:
-        want = getattr(again, name)
-        assert record[name] == (pytest.approx(want, abs=2e-6) if isinstance(want, float) else want), name
-    print("decode fields:", {name: record[name] for name in DECODE_FIELDS}, "client text events:", len(text))
-    assert record["ttst_s"] >= record["ttft_s"] and record["ttfo_s"] == record["ttft_s"]
-    if record["text_events"] is not None:  # two or more reads carried text
-        assert record["text_events"] == len(text)
-        assert record["tokens_per_event"] == pytest.approx(record["completion_tokens"] / len(text))
-        assert 0 <= record["itl_p50_s"] <= record["itl_p95_s"] <= record["itl_p99_s"] <= record["itl_max_s"]
-        assert record["merged_reads"] <= record["text_events"]
+    """The record's decode fields agree with the capture and with the client's stream
+    (:func:`tests.endpoint_checks.decode_fields`); SGLang sends no token ids, so its completion tokens
+    are spread over the events."""
+    record = check.decode_fields(*generating, "sglang", token_ids=False)
+    if record["text_events"] is not None:
+        assert record["tokens_per_event"] == pytest.approx(record["completion_tokens"] / len(record["text"]))
