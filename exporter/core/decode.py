@@ -211,16 +211,7 @@ class DecodeTrack:
     def text(self, now: float, choices: Any, completion: int | None) -> None:
         """One visible-text event at ``now`` (``choices``: its non-empty list); ``completion``: the usage
         on the same document."""
-        self.text_events += 1
-        new = now != self._last
-        if new:
-            self._last = now
-            self.stamps.append(now)
-            self.events.append(1)
-        else:
-            self.events[-1] += 1
-        if self.text_events == 2:
-            self.second_t = now
+        new = self._arrive(now)
         first = choices[0]
         if self._ids_ok:
             got = first.get("token_ids") if type(first) is dict else None
@@ -247,17 +238,23 @@ class DecodeTrack:
     def channel_text(self, now: float, mask: int) -> None:
         """One visible-text event of an endpoint whose events say their channel (Responses, Messages):
         no token ids, no usage per event."""
-        self.text_events += 1
         self._ids_ok = self._used_ok = False
+        self._arrive(now)
+        self._channels(now, mask)
+
+    def _arrive(self, now: float) -> bool:
+        """Count one visible-text event at ``now``: a new arrival (True) unless the last event came in
+        the same read (same stamp), which then holds one more event."""
+        self.text_events += 1
+        if self.text_events == 2:
+            self.second_t = now
         if now != self._last:
             self._last = now
             self.stamps.append(now)
             self.events.append(1)
-        else:
-            self.events[-1] += 1
-        if self.text_events == 2:
-            self.second_t = now
-        self._channels(now, mask)
+            return True
+        self.events[-1] += 1
+        return False
 
     def _channels(self, now: float, mask: int) -> None:
         if mask & CONTENT and self.content_t is None:
