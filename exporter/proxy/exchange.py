@@ -94,8 +94,9 @@ class Exchange:
 
     async def run(self) -> web.StreamResponse:
         state = self.state
-        state.metrics.arrivals.labels(self.engine.name, self.identity.scenario).inc()
-        gauge = state.metrics.in_flight.labels(self.engine.name)
+        metrics = state.metrics
+        metrics.child(metrics.arrivals, self.engine.name, self.identity.scenario).inc()
+        gauge = metrics.child(metrics.in_flight, self.engine.name)
         gauge.inc()
         task = asyncio.current_task()
         if task is not None:

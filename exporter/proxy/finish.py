@@ -182,7 +182,7 @@ class Finisher:
         self.metrics.observe_request(m.engine, m.scenario, m.result, record["slo_result"],
                                      m.timing_uncertainty_s, m.client_backpressure_s, m.identity.route)
         if m.proxy_added_s is not None:
-            self.metrics.proxy_added.labels(m.engine, m.scenario).observe(m.proxy_added_s)
+            self.metrics.child(self.metrics.proxy_added, m.engine, m.scenario).observe(m.proxy_added_s)
         self.failures.note(m.engine, m.result.reason, m.result.detail)
         keep = m.capture is not None and (self.config.capture_raw_sse == "all" or not m.result.ok)
         if not keep and (m.trace is None or m.trace.done()):

@@ -170,6 +170,7 @@ class ProxyMetrics:
         self.config = config
         self.worker = worker
         self._timed: dict[str, tuple[str, ...]] = {}  # per engine, the scenarios its histograms cover
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # (metric, labels) -> its child
         self._seen: set[tuple[str, str]] = set()  # (engine, family) of the histograms made on first sight
         self.ttft = Histogram(
             "llmbench_time_to_first_token_seconds",
@@ -299,6 +300,15 @@ class ProxyMetrics:
                     histogram.labels(engine, scenario)
         self._timed[engine] = tuple(s for s in scenarios if s in timed)
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: prometheus_client checks and converts the
+        labels and takes a lock on every call (about 1.6 µs), a dozen times per finished request."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def first_seen(self, engine: str, family: str, histograms: tuple[Histogram, ...]) -> None:
         """``engine`` gives ``family``'s figures (its own clock, an answer after reasoning,
         speculative decoding) for the first time: their series at zero for every scenario it is
@@ -315,31 +325,31 @@ class ProxyMetrics:
         """Count one finished request; time it only when it succeeded; ``slo_verdict`` is its
         SLO result (None unless it succeeded).  An embeddings or rerank request is counted and its
         latency goes to the pooling histogram (label ``route``), nothing else."""
-        self.requests.labels(engine, scenario, result.outcome, result.reason or "none").inc()
+        self.child(self.requests, engine, scenario, result.outcome, result.reason or "none").inc()
         if result.pooling:
-            self.request_uncertainty.labels(engine).observe(uncertainty_s)
+            self.child(self.request_uncertainty, engine).observe(uncertainty_s)
             if result.ok and result.e2e_s is not None:
-                self.pooling.labels(engine, scenario, route).observe(result.e2e_s)
+                self.child(self.pooling, engine, scenario, route).observe(result.e2e_s)
             return
         if result.completion_tokens is not None:
-            self.output_tokens.labels(engine, scenario, result.outcome).inc(result.completion_tokens)
+            self.child(self.output_tokens, engine, scenario, result.outcome).inc(result.completion_tokens)
         if result.prompt_tokens is not None:
-            self.prompt_tokens.labels(engine, scenario).inc(result.prompt_tokens)
+            self.child(self.prompt_tokens, engine, scenario).inc(result.prompt_tokens)
         if result.cached_tokens:
-            self.prompt_tokens_cached.labels(engine, scenario).inc(result.cached_tokens)
+            self.child(self.prompt_tokens_cached, engine, scenario).inc(result.cached_tokens)
         if result.empty_text_200:
-            self.empty_text.labels(engine, scenario).inc()
-        self.request_uncertainty.labels(engine).observe(uncertainty_s)
-        self.backpressure.labels(engine, scenario).observe(backpressure_s)
+            self.child(self.empty_text, engine, scenario).inc()
+        self.child(self.request_uncertainty, engine).observe(uncertainty_s)
+        self.child(self.backpressure, engine, scenario).observe(backpressure_s)
         self.decode.count(engine, scenario, result)
         if not result.ok:
             return
         if result.ttft_s is not None:
-            self.ttft.labels(engine, scenario).observe(result.ttft_s)
+            self.child(self.ttft, engine, scenario).observe(result.ttft_s)
         if result.tpot_s is not None:
-            self.tpot.labels(engine, scenario).observe(result.tpot_s)
+            self.child(self.tpot, engine, scenario).observe(result.tpot_s)
         if result.e2e_s is not None:
-            self.e2e.labels(engine, scenario).observe(result.e2e_s)
+            self.child(self.e2e, engine, scenario).observe(result.e2e_s)
         if result.engine_timing is not None:
             self._observe_engine_clock(engine, scenario, result)
         if result.ttfo_s is not None:
@@ -348,9 +358,9 @@ class ProxyMetrics:
             self.first_seen(engine, "spec", (self.decode.spec_ratio,))
         self.decode.observe(engine, scenario, result)
         if slo_verdict is not None:
-            self.slo.labels(engine, scenario, slo_verdict).inc()
+            self.child(self.slo, engine, scenario, slo_verdict).inc()
             if slo_verdict == "met" and result.completion_tokens:
-                self.goodput_tokens.labels(engine, scenario).inc(result.completion_tokens)
+                self.child(self.goodput_tokens, engine, scenario).inc(result.completion_tokens)
 
     def _observe_engine_clock(self, engine: str, scenario: str, result: Result) -> None:
         self.first_seen(engine, "clock", (self.engine_queue, self.engine_prefill, self.ttft_outside))
@@ -358,4 +368,4 @@ class ProxyMetrics:
                                  (self.engine_prefill, result.engine_prefill_s),
                                  (self.ttft_outside, result.ttft_outside_engine_s)):
             if value is not None:
-                histogram.labels(engine, scenario).observe(max(0.0, value))
+                self.child(histogram, engine, scenario).observe(max(0.0, value))
