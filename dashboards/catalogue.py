@@ -16,7 +16,8 @@ from .promql import COUNT_STEP, Annotation, Board, Panel, Query, Row, exact_coun
 __all__ = [
     "ENGINE_COLORS", "LINE_STYLES", "DATASOURCE_UID", "VM_DATASOURCE_UID", "RATE_WINDOW", "COUNT_STEP", "Query",
     "Panel", "Board", "Annotation", "BOARDS", "PANELS", "ROUND_ANNOTATIONS", "ENGINE_ANNOTATIONS", "expand",
-    "exact_count", "SLO_TTFT_S", "SLO_TPOT_S", "MIXIN", "Row", "for_job", "boards_for",
+    "exact_count", "SLO_TTFT_S", "SLO_TPOT_S", "MIXIN", "Row", "for_job", "boards_for", "GPU_ENERGY_MJ",
+    "GPU_MODELS",
 ]
 
 #: Fixed colours: SGLang blue, vLLM orange (Grafana and the PNG evidence alike).
@@ -280,6 +281,12 @@ GPU = Board(
               queries=_q(_dcgm("DCGM_FI_DEV_GPU_TEMP"), _GPU_LEGEND)),
     ),
 )
+
+#: Not on a board, read by the report's energy per output token: each GPU's energy counter
+#: (dcgm-exporter's DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ since the driver loaded), and the GPU
+#: models scraped (the proxy's simulated GPUs say "(simulated)" in theirs).
+GPU_ENERGY_MJ = _dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+GPU_MODELS = f"count by (modelName) (DCGM_FI_DEV_POWER_USAGE{_HOST} or DCGM_FI_DEV_POWER_USAGE{_HOST_LC})"
 
 _LAG = "llmbench_proxy_event_loop_lag_seconds"
 _UNCERTAINTY = "llmbench_request_timing_uncertainty_seconds"

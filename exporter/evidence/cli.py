@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +46,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         window = parse_window(args.window, prom=prom, records=Path(args.records) if args.records else None,
                               run=args.run)
         manifest = export(prom, window, Path(args.out), boards=args.boards, step=args.step, grafana=args.grafana,
-                          force=args.force, job=args.job, records=Path(args.records) if args.records else None)
+                          force=args.force, job=args.job, records=Path(args.records) if args.records else None,
+                          engine=args.engine)
     except (ValueError, WindowError, ExportError, PromError) as exc:
         return _fail(str(exc))
     backend = manifest["prometheus"]["backend"]
@@ -162,6 +164,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     print((Path(args.out) / "compare.md").read_text(encoding="utf-8"))
     print("written: " + ", ".join(str(p) for p in result["files"]))
+    for line in result.get("warnings") or []:  # the two sides' t0 taken in different ways
+        print(line, file=sys.stderr)
     return 0
 
 
@@ -173,6 +177,12 @@ def _prom_options(p: argparse.ArgumentParser, required: bool) -> None:
                         + f"; a bearer token is read from ${TOKEN_ENV}")
     p.add_argument("--header", action="append", metavar="NAME:VALUE",
                    help="extra HTTP header for the query API, repeatable, e.g. X-Scope-OrgID:team-a (default: none)")
+
+
+def _engine_name(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9_-]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: an engine's name, as in the proxy's config ([a-z0-9_-]+)")
+    return text
 
 
 def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -201,6 +211,10 @@ def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                         "hold that round in several runs (default: its only run; several are refused)")
     e.add_argument("--grafana", metavar="URL",
                    help=f"Grafana URL: also fetch its PNGs, token in ${GRAFANA_TOKEN_ENV} (default: none)")
+    e.add_argument("--engine", type=_engine_name, metavar="NAME",
+                   help="only this engine's series (the boards' engine variable: data, PNGs and EVIDENCE.md alike; "
+                        "the engines' own series on the internals board go by their job) and its rounds marked "
+                        "(default: every engine)")
     e.add_argument("--job", metavar="NAME",
                    help=f"the Prometheus job that scrapes the proxies (default: {MIXIN.job}); an export "
                         "that finds nothing says under which job Prometheus has the proxies' series")

@@ -25,6 +25,7 @@ from exporter.proxy.config import Config
 from .merge import load_records
 from .noise import METRICS, RULE, delta_pct, fmt_delta, fmt_noise, judged_verdict
 from .outdir import make_dir
+from .proxyadded import sides_t0_warning
 from .runs import RunError, refuse_client_side, runs_in
 from .summarize import summarize
 from .summary_md import PROXY_SIDE, md_table, title_of
@@ -48,6 +49,8 @@ class Run:
     builds: tuple[str, ...] = ()
     #: summarize's warnings for this side (a round announced twice, a version changed in the run)
     warnings: tuple[str, ...] = ()
+    #: per round, how its t0 was taken and what the proxy added (summarize's ``proxy_added``)
+    added: tuple[dict[str, Any], ...] = ()
 
 
 def _one_run(records: list[dict[str, Any]], path: Path, flag: str, run: str | None) -> str:
@@ -87,7 +90,7 @@ def load_run(path: Path, label: str, engine: str | None, *, run: str | None = No
     engines = tuple(sorted({e for e, _ in medians}))
     builds = [_build(x) for x in summary.get("engines", []) if x.get("name") in engines]
     return Run(label, path, engines, medians, run_id, summary["slo_source"]["text"],
-               tuple(dict.fromkeys(builds)), tuple(summary.get("warnings", [])))
+               tuple(dict.fromkeys(builds)), tuple(summary.get("warnings", [])), tuple(summary.get("proxy_added", [])))
 
 
 def _build(entry: dict[str, Any]) -> str:
@@ -150,8 +153,9 @@ def _csv(path: Path, rows: list[dict[str, Any]], a: Run, b: Run) -> None:
             w.writerow(flat)
 
 
-def _markdown(rows: list[dict[str, Any]], a: Run, b: Run, pngs: list[Path]) -> str:
+def _markdown(rows: list[dict[str, Any]], a: Run, b: Run, pngs: list[Path], warnings: list[str]) -> str:
     lines = [f"# {b.label} against {a.label}", "",
+             *(f"- {w}" for w in warnings),
              f"- Measured {PROXY_SIDE} of each run.",
              f"- A = **{a.label}**: `{a.path}` (run {a.run_id or '-'}; engines: {', '.join(a.engines)}); {a.slo_text}",
              f"- B = **{b.label}**: `{b.path}` (run {b.run_id or '-'}; engines: {', '.join(b.engines)}); {b.slo_text}",
@@ -201,6 +205,9 @@ def compare_dirs(a: Path, b: Path, out: Path, label_a: str = "A", label_b: str =
             for m in METRICS]
     csv_path, md_path = out / "compare.csv", out / "compare.md"
     _csv(csv_path, rows, side_a, side_b)
-    md_path.write_text(_markdown(rows, side_a, side_b, pngs), encoding="utf-8")
+    mixed = sides_t0_warning(side_a.added, side_b.added, side_a.label, side_b.label)
+    warnings = [mixed] if mixed else []
+    md_path.write_text(_markdown(rows, side_a, side_b, pngs, warnings), encoding="utf-8")
     clean = [{k: v for k, v in r.items() if k not in ("cell_a", "cell_b")} for r in rows]
-    return {"rows": clean, "files": [md_path, csv_path, *pngs], "unpaired": unpaired(side_a, side_b)}
+    return {"rows": clean, "files": [md_path, csv_path, *pngs], "unpaired": unpaired(side_a, side_b),
+            "warnings": warnings}

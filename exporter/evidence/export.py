@@ -17,7 +17,6 @@ Writes, under the output directory:
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
@@ -36,12 +35,13 @@ from exporter import __version__
 
 from .counts import CountSpan, exact_counts
 from .evidence_md import QueryEvidence, evidence_markdown, panel_kind
+from .export_files import BoardLook, board_files
 from .identity import for_window
 from .outdir import OutDirError, check_out, prepare_out
 from .promapi import MAX_POINTS, PromError, Prometheus, parse_duration
-from .render import render_board
 from .stepcheck import check_count_step
-from .totals import rate_mark, rate_note, round_totals, shortest_span, totals_lines
+from .timeaxis import round_marks
+from .totals import rate_note, round_totals, shortest_span, totals_lines
 from .windows import Window, WindowError, check_not_future, iso, scenario_of
 
 __all__ = ["ExportError", "QueryEvidence", "export", "verify_manifest", "GRAFANA_TOKEN_ENV", "choose_step", "PromError",
@@ -162,33 +162,6 @@ def first_bucket_bound(prom: Prometheus, expr: str, at: float) -> float | None:
     return min(positive) if positive else None
 
 
-def _write_data(out: Path, board: str, panel: Panel, evs: list[QueryEvidence], window: Window, step: float) -> list[Path]:
-    base = out / "data" / board
-    base.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = base / f"{panel.key}.csv", base / f"{panel.key}.json"
-    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["query", "series", "time_unix", "time_utc", "value"])
-        for ev in evs:
-            for s in ev.series:
-                for t, v in zip(s["times"], s["values"]):
-                    w.writerow([ev.ref, s["name"], f"{t:.3f}", iso(t), repr(v)])
-    doc = {
-        "board": board, "panel": panel.key, "title": panel.title, "unit": panel.unit,
-        "window": {"start": window.start, "end": window.end, "start_utc": iso(window.start), "end_utc": iso(window.end)},
-        "step_s": step,
-        "queries": [{"ref": ev.ref, "expr": ev.expr, "legend": ev.legend,
-                     **({"first_bucket_bound": ev.first_bucket, "points_below_first_bucket_bound": ev.in_first_bucket}
-                        if ev.first_bucket is not None else {}),
-                     **({"evaluated": {"at": ev.span.at, "range_s": ev.span.range_s, "widened": True}} if ev.span else {}),
-                     "series": [{"name": s["name"], "labels": s["labels"],
-                                 "values": [[t, None if math.isnan(v) else v] for t, v in zip(s["times"], s["values"])]}
-                                for s in ev.series]} for ev in evs],
-    }
-    json_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
-    return [csv_path, json_path]
-
-
 def _grafana(url: str, token: str, board_key: str, board: Board, window: Window, out: Path) -> list[Path]:
     """Grafana's own PNG of each panel (``/render/d-solo``), light theme, same window."""
     from dashboards.boards import build
@@ -221,10 +194,13 @@ def _sha256(path: Path) -> str:
 
 
 def _query_all(prom: Prometheus, boards: dict[str, Board], window: Window, step: float, rw: str,
-               span: CountSpan | None, progress: bool, scenario: str | None = None
+               span: CountSpan | None, progress: bool, scenario: str | None = None, engine: str | None = None
                ) -> dict[str, dict[str, list[QueryEvidence]]]:
-    """Every panel's evidence; ``scenario``: the scenario filter (:func:`scenario_filter`)."""
+    """Every panel's evidence; ``scenario``: the scenario filter (:func:`scenario_filter`); ``engine``:
+    the boards' ``$engine`` matches that engine only (exact counts too)."""
     variables = {} if scenario is None else {"scenario": regex_literal(scenario)}
+    only = {} if engine is None else {"engine": regex_literal(engine)}
+    variables.update(only)
     results: dict[str, dict[str, list[QueryEvidence]]] = {}
     total = sum(len(b.panels) for b in boards.values())
     done = 0
@@ -232,7 +208,7 @@ def _query_all(prom: Prometheus, boards: dict[str, Board], window: Window, step:
         results[name] = {}
         for panel in board.panels:
             if panel_kind(panel) == "exact-count":  # unfiltered: every request that ended in the window
-                results[name][panel.key] = _evidence(prom, panel, window, step, rw, span)
+                results[name][panel.key] = _evidence(prom, panel, window, step, rw, span, only)
             else:
                 results[name][panel.key] = _evidence(prom, panel, window, step, rw, None, variables)
             done += 1
@@ -292,23 +268,13 @@ def _grafana_token(grafana: str | None) -> str | None:
 
 def _write_all(out: Path, boards: dict[str, Board], results: dict[str, dict[str, list[QueryEvidence]]],
                window: Window, step: float, rw: str, grafana: str | None, token: str | None,
-               scenario: str | None, totals: bool, short: tuple[float, str]) -> list[Path]:
-    """The data files and the PNG of each board (and Grafana's, with ``grafana``).  ``scenario``:
-    the scenario filter; ``totals``: the export has round totals (a rate panel's title points there);
-    ``short``: what a rate panel's window is held against (:func:`.totals.shortest_span`)."""
-    files: list[Path] = []
-    subtitle = f"step {step:g} s, rate window {rw}" + (f", scenario filter: {scenario}" if scenario else "")
-    span, what = short
-    for b, panels in results.items():
-        board = boards[b]
-        for panel in board.panels:
-            files += _write_data(out, b, panel, panels[panel.key], window, step)
-        data = {key: [{**s, "ref": ev.ref} for ev in evs for s in ev.series] for key, evs in panels.items()}
-        marks = {p.key: m for p in board.panels if (m := rate_mark(p, span, parse_duration(rw), rw, totals, what))}
-        files.append(render_board(board, data, (window.start, window.end), out / f"{b}.png",
-                                  subtitle=subtitle, marks=marks))
-        if grafana and token:
-            files += _grafana(grafana, token, b, board, window, out)
+               look: BoardLook) -> list[Path]:
+    """The data files and the PNG of each board (:func:`.export_files.board_files`), and Grafana's
+    PNGs with ``grafana``."""
+    files = board_files(out, boards, results, window, step, rw, look)
+    if grafana and token:
+        for b in results:
+            files += _grafana(grafana, token, b, boards[b], window, out)
     return files
 
 
@@ -331,10 +297,11 @@ def _check_args(window: Window, out: Path, boards: list[str] | None, step: float
 
 def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
            grafana: str | None = None, progress: bool | None = None, force: bool = False,
-           job: str | None = None, records: Path | None = None) -> dict[str, Any]:
+           job: str | None = None, records: Path | None = None, engine: str | None = None) -> dict[str, Any]:
     """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message.
     ``job``: the proxies' Prometheus job (default: the mixin's); ``records``: their records directory
-    (its ``engines.jsonl`` names the engines and the proxy, else ``llmbench_engine_info`` does)."""
+    (its ``engines.jsonl`` names the engines and the proxy, else ``llmbench_engine_info`` does; its
+    ``scenarios.jsonl`` marks where each round began on the PNGs); ``engine``: that engine's series only."""
     progress = sys.stderr.isatty() if progress is None else progress
     names = _check_args(window, out, boards, step, force)
     token = _grafana_token(grafana)
@@ -350,7 +317,7 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     every = boards_for(job)
     chosen = {name: every[name] for name in names}
     scenario = scenario_filter(window)
-    results = _query_all(prom, chosen, window, step, rw, counts.span, progress, scenario)
+    results = _query_all(prom, chosen, window, step, rw, counts.span, progress, scenario, engine)
     no_series = _no_series(prom, window, job, scenario) if proxy_panels_empty(chosen, results, job) else None
     totals = round_totals(prom, window, counts.scrape_s, job, records=records)
     short = shortest_span(window.seconds, totals)  # a round shorter than the window holding it
@@ -359,7 +326,9 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
         prepare_out(out, force)
     except OutDirError as exc:
         raise ExportError(str(exc)) from None
-    files = _write_all(out, chosen, results, window, step, rw, grafana, token, scenario, totals is not None, short)
+    rounds = round_marks(records, window.run, engine, window.start, window.end)
+    look = BoardLook(scenario, totals is not None, short, rounds, engine)
+    files = _write_all(out, chosen, results, window, step, rw, grafana, token, look)
     md = out / "EVIDENCE.md"
     md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note,
                                     selector=job_selector(job), no_series=no_series, rate_note=short_rates,
@@ -374,7 +343,7 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
                        "headers": prom.header_names, "scrape_intervals_s": intervals},
         "window": {"spec": window.spec, "source": window.source, "start": window.start, "end": window.end,
                    "start_utc": iso(window.start), "end_utc": iso(window.end), "run": window.run},
-        "scenario_filter": scenario,
+        "scenario_filter": scenario, "engine_filter": engine, "rounds_marked": len(rounds),
         **({} if totals is None else {"round_totals": totals}),
         "rate_note": short_rates, "no_series": no_series,
         "step_s": step, "step_note": step_note, "grid_start": grid_start(window, step),

@@ -12,7 +12,8 @@ scenario and round, from the proxy's records.
   TTFT, TPOT, NTPOT (E2E over completion tokens) and E2E of the successful requests; throughput
   of the successful requests over the round's duration (as ``evidence summarize`` has it);
 * ``results.observability``: the proxy's timing uncertainty, engine-side timing where the records
-  have it, and each engine start the proxy saw in the run (time to ready);
+  have it, each engine start the proxy saw in the run (time to ready) and, with ``--prometheus``,
+  the engine's own time series over the round under ``components`` (:mod:`.llmd_series`);
 * ``results.component_health``: the engine's downs and restarts during the round.
 
 The statistics are exact (every request, the percentiles of :func:`exporter.core.stats.percentile`),
@@ -28,16 +29,17 @@ import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporter import __version__
-from exporter.core.stats import percentile
 from exporter.core.timefmt import iso
 
 from .experiment import round_load
 from .identity import identity, read_log, run_parts
 from .llmd_models import (
+    PERCENTILES,
     VERSION,
     Accelerator,
     AggregateLatency,
@@ -49,6 +51,7 @@ from .llmd_models import (
     ComponentHealth,
     ComponentMetadata,
     ComponentNative,
+    ComponentObservability,
     EngineModel,
     Generic,
     InferenceEngine,
@@ -69,26 +72,17 @@ from .llmd_models import (
     SequenceLength,
     Statistics,
     Units,
+    statistics_of,
 )
+from .llmd_series import DEFAULT_SCRAPE_S, engine_series
+from .promapi import Prometheus
 from .runs import RoundKey, group_rounds
 
 __all__ = ["build_report", "write_reports", "statistics_of", "PERCENTILES"]
 
 Record = Mapping[str, Any]
-#: the schema's percentile fields and the percentile each is
-PERCENTILES = {"p0p1": 0.1, "p1": 1, "p5": 5, "p10": 10, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95,
-               "p99": 99, "p99p9": 99.9}
 _ENGINE_TIMING = {"queue": "engine_queue_s", "prefill": "engine_prefill_s", "decode": "engine_decode_s",
                   "ttft_outside_engine": "ttft_outside_engine_s"}
-
-
-def statistics_of(values: Sequence[float], units: Units) -> Statistics | None:
-    """Exact statistics of ``values`` (None when there are none)."""
-    xs = [float(v) for v in values]
-    if not xs:
-        return None
-    return Statistics(units=units, mean=statistics.fmean(xs), min=min(xs), max=max(xs),
-                      stddev=statistics.pstdev(xs), **{k: percentile(xs, q) for k, q in PERCENTILES.items()})
 
 
 def _vals(recs: Sequence[Record], key: str) -> list[float]:
@@ -222,9 +216,19 @@ def _events(lines: Sequence[Mapping[str, Any]], run: str, engine: str) -> list[M
     return [x for x in lines if x.get("run_id") in run_parts([run]) and x.get("engine") == engine]
 
 
+@dataclass(frozen=True)
+class Series:
+    """Where the engines' own time series come from (``--prometheus``): the query API and its
+    scrape interval."""
+
+    prom: Prometheus
+    scrape_s: float
+
+
 def _observability(recs: Sequence[Record], ok: Sequence[Record], events: Sequence[Mapping[str, Any]],
-                   engine: str, model: str | None) -> Observability:
-    extra: dict[str, Any] = {}
+                   engine: str, model: str | None, components: list[ComponentObservability] | None = None,
+                   series_notes: Mapping[str, Any] | None = None) -> Observability:
+    extra: dict[str, Any] = {"engine_series": series_notes} if series_notes is not None else {}
     unc = statistics_of(_vals(recs, "timing_uncertainty_s"), "s")
     if unc is not None:
         extra["proxy_timing_uncertainty"] = unc.model_dump(mode="json", exclude_none=True)
@@ -238,7 +242,7 @@ def _observability(recs: Sequence[Record], ok: Sequence[Record], events: Sequenc
             for x in _ready_events(events) if isinstance(x.get("time_to_ready_s"), (int, float))]
     starts = PodStartupTimes(pods=pods, aggregate=statistics_of([p.startup_seconds or 0.0 for p in pods], "s"),
                              collected_at=iso(time.time())) if pods else None
-    return Observability(pod_startup_times=starts, **extra)
+    return Observability(components=components, pod_startup_times=starts, **extra)
 
 
 def _ready_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -263,9 +267,10 @@ def _health(events: Sequence[Mapping[str, Any]], engine: str, start: float, end:
 
 
 def build_report(key: RoundKey, recs: Sequence[Record], ident: Mapping[str, Any],
-                 lines: Sequence[Mapping[str, Any]]) -> BenchmarkReport:
+                 lines: Sequence[Mapping[str, Any]], series: Series | None = None) -> BenchmarkReport:
     """The report of one round (``key``: run, engine, scenario, round) from its records, the
-    identity block of its run (:func:`.identity.identity`) and the run's ``engines.jsonl`` lines."""
+    identity block of its run (:func:`.identity.identity`) and the run's ``engines.jsonl`` lines;
+    with ``series``, the engine's own time series over the round (:mod:`.llmd_series`)."""
     run, engine, scenario, rnd = key
     ok = [r for r in recs if r.get("outcome") == "success"]
     start, end = _span(recs)
@@ -280,8 +285,11 @@ def build_report(key: RoundKey, recs: Sequence[Record], ident: Mapping[str, Any]
     stack = [_engine_component(engine, engine_ident), _proxy_component(ident["proxy"], run)]
     performance = AggregatePerformance(requests=_requests(recs, ok), latency=_latency(ok),
                                        throughput=_throughput(ok, end - start))
+    component, notes = engine_series(series.prom, engine, kind, start, end, series.scrape_s) \
+        if series is not None else (None, None)
     results = Results(request_performance=RequestPerformance(aggregate=performance),
-                      observability=_observability(recs, ok, events, engine, (engine_ident or {}).get("model")),
+                      observability=_observability(recs, ok, events, engine, (engine_ident or {}).get("model"),
+                                                   [component] if component is not None else None, notes),
                       component_health=_health(events, engine, start, end))
     return BenchmarkReport(run=report_run, scenario=Scenario(stack=stack, load=_load(recs, ok, key, ident["proxy"])),
                            results=results)
@@ -304,16 +312,18 @@ def _file_name(key: RoundKey) -> str:
 
 
 def write_reports(records_dir: Path, out: Path, records: Sequence[Record],
-                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  extra: Mapping[str, Any] | None = None, prom: Prometheus | None = None) -> dict[str, Any]:
     """One report per run, engine, scenario and round of ``records`` (read from ``records_dir``)
-    into the existing directory ``out``, then its ``manifest.json`` (with ``extra``); returns it."""
+    into the existing directory ``out``, then its ``manifest.json`` (with ``extra``); returns it.
+    With ``prom``, each round's engine time series from it (PromError propagates)."""
+    series = Series(prom, min(prom.scrape_intervals().values(), default=DEFAULT_SCRAPE_S)) if prom else None
     groups = group_rounds(records)
     runs = list(dict.fromkeys(k[0] for k in groups))
     ident = identity([records_dir], runs)
     lines = read_log([records_dir])
     entries = []
     for key, recs in groups.items():
-        doc = _finite(build_report(key, recs, ident, lines).document())
+        doc = _finite(build_report(key, recs, ident, lines, series).document())
         path = out / _file_name(key)
         data = (json.dumps(doc, indent=1, allow_nan=False) + "\n").encode("utf-8")
         path.write_bytes(data)

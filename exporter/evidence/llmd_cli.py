@@ -11,7 +11,7 @@ from typing import Any
 __all__ = ["add_parser", "cmd_report", "FORMATS"]
 
 FORMATS = ("llm-d", "html", "md")
-_PAGE_ONLY = ("prometheus", "header", "baseline", "plan", "tokenizer")
+_PAGE_ONLY = ("baseline", "plan", "tokenizer")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -46,18 +46,21 @@ def _cmd_llmd(args: argparse.Namespace) -> int:
     from .llmd import write_reports
     from .merge import MergeError, load_records
     from .outdir import OutDirError, check_out, prepare_out
+    from .promapi import PromError, Prometheus, parse_header
     from .runs import RunError, select_run
 
     records_dir, out = Path(args.records[0]), Path(args.out)
     try:
         check_out(out, args.force)
+        prom = Prometheus(args.prometheus, headers=dict(parse_header(h) for h in args.header or [])) \
+            if args.prometheus else None
         records = select_run(load_records(records_dir), args.run)
         if not records:
             raise MergeError(f"no records in {records_dir}")
         model = _model(args.model) if args.model else None
         prepare_out(out, args.force)
-        manifest = write_reports(records_dir, out, records, {"model": model} if model else None)
-    except (MergeError, OutDirError, RunError, ValueError) as exc:
+        manifest = write_reports(records_dir, out, records, {"model": model} if model else None, prom)
+    except (MergeError, OutDirError, PromError, RunError, ValueError) as exc:
         print(f"evidence: {exc}", file=sys.stderr)
         return 2
     if not manifest["reports"]:

@@ -3,22 +3,28 @@
 Written from the published JSON schema (field names, types, required fields, enumerations), not
 from llm-d's code.  Every model forbids extra fields where the schema does, so a report that
 validates here has only the schema's names; ``exclude_none`` leaves out what is not known.
-Optional blocks this tool never fills (multi-modal payloads, sessions, replica status, the
-component time series) are not modelled: their absence is valid.
+Optional blocks this tool never fills (multi-modal payloads, sessions, replica status) are not
+modelled: their absence is valid; of the components' resource metrics, only those it can pull
+from Prometheus (the engines' KV cache and queues, the GPUs) are.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from exporter.core.stats import percentile
 
 __all__ = ["VERSION", "Units", "Statistics", "SequenceLength", "LoadStandardized", "Load", "LoadMetadata",
            "LoadNative", "ComponentMetadata", "ComponentNative", "Parallelism", "Accelerator", "EngineModel",
            "InferenceEngine", "Generic", "Component", "Scenario", "RunTime", "Run", "AggregateRequests",
            "AggregateLatency", "AggregateThroughput", "AggregatePerformance", "RequestPerformance",
            "PodStartup", "PodStartupTimes", "Observability", "ReplicaHealth", "ComponentHealth", "Results",
-           "BenchmarkReport"]
+           "BenchmarkReport", "TimeSeriesPoint", "TimeSeriesData", "ResourceMetrics", "TimeSeriesResourceMetrics",
+           "ComponentObservability", "statistics_of", "PERCENTILES"]
 
 VERSION = "0.2.1"
 
@@ -53,6 +59,20 @@ class Statistics(BaseModel):
     p99: float | None = None
     p99p9: float | None = None
     max: float | None = None
+
+
+#: the schema's percentile fields and the percentile each is
+PERCENTILES = {"p0p1": 0.1, "p1": 1, "p5": 5, "p10": 10, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95,
+               "p99": 99, "p99p9": 99.9}
+
+
+def statistics_of(values: Sequence[float], units: Units) -> Statistics | None:
+    """Exact statistics of ``values`` (None when there are none)."""
+    xs = [float(v) for v in values]
+    if not xs:
+        return None
+    return Statistics(units=units, mean=statistics.fmean(xs), min=min(xs), max=max(xs),
+                      stddev=statistics.pstdev(xs), **{k: percentile(xs, q) for k, q in PERCENTILES.items()})
 
 
 class SequenceLength(_Closed):
@@ -221,10 +241,52 @@ class PodStartupTimes(_Closed):
     aggregate: Statistics | None = None
 
 
+class TimeSeriesPoint(_Closed):
+    """One instant: ``value`` of a single series, or ``mean``/``min``/``max`` over several (GPUs)."""
+
+    ts: str
+    value: float | None = None
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class TimeSeriesData(_Closed):
+    units: Units
+    series: list[TimeSeriesPoint]
+
+
+class ResourceMetrics(_Closed):
+    """A component's resource metrics over the round, as statistics of its time series' points."""
+
+    kv_cache_usage: Statistics | None = None
+    gpu_memory_usage: Statistics | None = None
+    gpu_utilization: Statistics | None = None
+    power_consumption: Statistics | None = None
+    running_requests: Statistics | None = None
+    waiting_requests: Statistics | None = None
+
+
+class TimeSeriesResourceMetrics(_Closed):
+    kv_cache_usage: TimeSeriesData | None = None
+    gpu_memory_usage: TimeSeriesData | None = None
+    gpu_utilization: TimeSeriesData | None = None
+    power_consumption: TimeSeriesData | None = None
+    num_requests_running: TimeSeriesData | None = None
+    num_requests_waiting: TimeSeriesData | None = None
+
+
+class ComponentObservability(_Closed):
+    component_label: str
+    aggregate: ResourceMetrics | None = None
+    time_series: TimeSeriesResourceMetrics | None = None
+
+
 class Observability(BaseModel):
     """Observability (extra fields allowed: the proxy's timing uncertainty and engine timing go here)."""
 
     model_config = ConfigDict(extra="allow")
+    components: list[ComponentObservability] | None = None
     pod_startup_times: PodStartupTimes | None = None
 
 

@@ -15,6 +15,7 @@ reasons) drawn as its top few and "other reasons"; a 1-minute rate over a shorte
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.dates import DateFormatter, date2num  # noqa: E402
+from matplotlib.dates import DateFormatter  # noqa: E402
 
 from dashboards.boards import layout, row_positions  # noqa: E402
 from dashboards.catalogue import ENGINE_COLORS, LINE_STYLES, Board, Panel  # noqa: E402
 
+from .runs import Announcement  # noqa: E402
 from .stacking import stacked  # noqa: E402
+from .timeaxis import date_num as _num  # noqa: E402
+from .timeaxis import draw_marks, time_ticks  # noqa: E402
 
 __all__ = ["render_board", "panel_title", "png_size", "top_series", "flat_limits", "time_ticks", "PX_PER_ROW", "WIDTH_PX", "DPI", "TOP_SERIES",
            "OTHER_COLORS", "shade", "is_bucket_bound", "panel_units", "stat_lines"]
@@ -68,24 +72,6 @@ def _rect(pos: Any, w: int, h: int, right_px: int) -> tuple[float, float, float,
     top_px = HEADER_PX + pos.y * PX_PER_ROW + 24
     height_px = pos.h * PX_PER_ROW - 24 - 30
     return (left_px / w, 1 - (top_px + height_px) / h, width_px / w, height_px / h)
-
-
-def _num(ts: float) -> float:
-    import datetime as dt
-
-    return float(date2num(dt.datetime.fromtimestamp(ts, dt.timezone.utc)))
-
-
-_TICK_STEPS_S = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
-
-
-def time_ticks(start: float, end: float, most: int) -> list[float]:
-    """At most ``most`` round times (whole multiples of a step of 1 s .. 1 day) in ``[start, end]``:
-    as many labels as the plot's width holds without overlap."""
-    span = max(end - start, 1.0)
-    step = next((s for s in _TICK_STEPS_S if span / s < most), _TICK_STEPS_S[-1])
-    first = math.ceil(start / step) * step
-    return [float(t) for t in range(int(first), int(end) + 1, step)]
 
 
 def _engine_color(name: str) -> str | None:
@@ -343,7 +329,8 @@ def _title(fig: Any, ax: Any, panel: Panel, mark: str | None, right_px: float) -
 
 
 def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[str, Any]], window: tuple[float, float],
-           mark: str | None = None) -> None:
+           mark: str | None = None, rounds: tuple[Sequence[Announcement], bool] = ((), False)) -> None:
+    """``rounds``: the rounds to mark on a time series, and whether to label them."""
     import datetime as dt
 
     timeseries = panel.kind != "stat"
@@ -363,6 +350,7 @@ def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[s
     if right is not None and unit:
         ax.set_ylabel(unit, fontsize=8)
     axes = _timeseries(ax, panel, series, scale, unit, right)
+    draw_marks(ax, *rounds)
     ax.set_xlim(_num(window[0]), _num(window[1]))
     ax.set_xticks([_num(t) for t in time_ticks(*window, max(2, int(ax.get_position().width * w / 85)))])
     ax.xaxis.set_major_formatter(DateFormatter("%H:%M:%S", tz=dt.timezone.utc))
@@ -377,9 +365,11 @@ def _panel(fig: Any, panel: Panel, pos: Any, w: int, h: int, series: list[dict[s
 
 
 def render_board(board: Board, data: dict[str, list[dict[str, Any]]], window: tuple[float, float],
-                 out: Path, subtitle: str = "", marks: dict[str, str] | None = None) -> Path:
+                 out: Path, subtitle: str = "", marks: dict[str, str] | None = None,
+                 rounds: Sequence[Announcement] = ()) -> Path:
     """``data``: panel key -> series ``[{"name", "times" (unix s), "values", "ref"}]`` (``ref``: the
-    panel query's, which tells the axis); ``marks``: panel key -> what its title adds (:func:`panel_title`)."""
+    panel query's, which tells the axis); ``marks``: panel key -> what its title adds (:func:`panel_title`);
+    ``rounds``: a dotted line on each time series where each began, labelled on the top row's."""
     import datetime as dt
 
     w, h = png_size(board)
@@ -392,8 +382,10 @@ def render_board(board: Board, data: dict[str, list[dict[str, Any]]], window: tu
                  y=1 - 8 / h, va="top")
     for title, y in row_positions(board):
         fig.text(20 / w, 1 - (HEADER_PX + y * PX_PER_ROW + 22) / h, title, fontsize=12, fontweight="bold")
+    top = min((pos.y for p, pos in zip(board.panels, layout(board)) if p.kind != "stat"), default=0)
     for panel, pos in zip(board.panels, layout(board)):
-        _panel(fig, panel, pos, w, h, data.get(panel.key, []), window, (marks or {}).get(panel.key))
+        _panel(fig, panel, pos, w, h, data.get(panel.key, []), window, (marks or {}).get(panel.key),
+               (rounds, pos.y == top))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI, facecolor="white")
     plt.close(fig)

@@ -45,6 +45,7 @@ from .merge import load_records
 from .noise import METRICS, RULE, delta_pct, judged_verdict
 from .outdir import make_dir
 from .promapi import Prometheus
+from .proxyadded import added_rows, t0_mix_warning
 from .runs import (
     Announcement,
     RoundKey,
@@ -182,7 +183,8 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
     out: dict[str, Any] = {"measured": "proxy-side, from requests.jsonl", "runs": _runs(judged, groups),
                            "slo_source": slo_note, "rounds": rounds, "steady_rounds": steady, "load": loads,
                            "medians": medians, "engines_compared": _engines_compared(medians), "noise_rule": RULE,
-                           "ttft_variants": _ttft_variants(groups), "ttft_parts": ttft_parts(groups)}
+                           "ttft_variants": _ttft_variants(groups), "ttft_parts": ttft_parts(groups),
+                           "proxy_added": added_rows(groups)}
     if any(r.get("session_id") for r in judged):  # per turn and per session (.turns)
         sessions = session_table(judged)
         out.update(turns=turn_table(judged), sessions=sessions, session_cells=session_cells(sessions))
@@ -192,8 +194,10 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
         out["repeated_rounds"] = repeated
     ident = identity(records_dirs, [r["run_id"] for r in out["runs"]])
     uncertain = uncertainty_warning(out)
+    mixed = t0_mix_warning(out["proxy_added"])  # TTFTs measured from different instants
     out.update(engines=ident["engines"], proxy=ident["proxy"],
-               warnings=[*out.get("warnings", []), *([uncertain] if uncertain else []), *unread,
+               warnings=[*out.get("warnings", []), *([uncertain] if uncertain else []), *([mixed] if mixed else []),
+                         *unread,
                          *map(repeated_warning, repeated), *ident["warnings"]])
     return out
 
@@ -314,7 +318,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 TABLES = ("rounds", "steady_rounds", "load", "medians", "engines_compared", "ttft_variants", "ttft_parts",
-          "histogram_vs_exact", "turns", "sessions", "session_cells")
+          "proxy_added", "histogram_vs_exact", "turns", "sessions", "session_cells")
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> list[Path]:

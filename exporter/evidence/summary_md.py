@@ -16,6 +16,7 @@ from exporter.core.stats import MIN_BOOTSTRAP_REQUESTS
 from .enginelog import engine_log_lines
 from .experiment import load_line, round_name, seconds_text
 from .noise import fmt_delta, fmt_noise, human, unit_of
+from .proxyadded import ADDED_COLS, ADDED_NOTE, UNKNOWN, t0_text
 from .ttftparts import MD_COLS as PART_COLS
 from .ttftparts import NOTE as PARTS_NOTE
 from .ttftparts import md_rows as part_rows
@@ -35,6 +36,8 @@ _TITLES = {
     "delta_pct": "delta", "value_a": "A", "value_b": "B",
     "ttft_s": "TTFT", "queue_s": "queue", "prefill_s": "prefill", "outside_s": "outside engine",
     "engine_timing": "engine clock",
+    "t0_source": "t0", "proxy_added_n": "requests", "proxy_added_p50_s": "proxy added P50",
+    "proxy_added_p95_s": "proxy added P95", "client_ttft_p95_s": "client TTFT P95",
 }
 _FIGURES = ["ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "output_throughput_tok_s",
             "goodput_ratio", "goodput_tok_s"]
@@ -58,11 +61,35 @@ def _cell(row: Mapping[str, Any], key: str) -> str:
     return human(key, v)
 
 
-def md_table(rows: list[dict[str, Any]], cols: list[str], fmt: Mapping[str, Fmt] | None = None) -> list[str]:
+def md_table(rows: list[dict[str, Any]], cols: list[str], fmt: Mapping[str, Fmt] | None = None,
+             width: int | None = None, keep: int = 2) -> list[str]:
+    """A Markdown table; with ``width``, split into tables of the first ``keep`` columns (what a row
+    is) and as many of the others as keep every line within ``width`` characters, each after the
+    first saying which columns it goes on with (a column too wide alone gets a table of its own)."""
     fmt = fmt or {}
-    lines = ["| " + " | ".join(title_of(c) for c in cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt[c](r, c) if c in fmt else _cell(r, c) for c in cols) + " |" for r in rows]
+    cells = [[title_of(c) for c in cols]] + [[fmt[c](r, c) if c in fmt else _cell(r, c) for c in cols] for r in rows]
+    groups = [list(range(len(cols)))] if width is None else _groups(cells, keep, width)
+    lines: list[str] = []
+    for n, group in enumerate(groups):
+        if n:
+            lines += ["", f"(continued: {', '.join(cells[0][i] for i in group[keep:])} of the rows above)", ""]
+        lines += ["| " + " | ".join(cells[0][i] for i in group) + " |", "|" + "---|" * len(group)]
+        lines += ["| " + " | ".join(row[i] for i in group) + " |" for row in cells[1:]]
     return lines
+
+
+def _groups(cells: list[list[str]], keep: int, width: int) -> list[list[int]]:
+    """Column indices per table: the first ``keep`` in each, the others packed in order while the
+    widest row stays within ``width`` (``| a | b |``: each cell plus 3, plus 1)."""
+    widths = [max(len(row[i]) for row in cells) + 3 for i in range(len(cells[0]))]
+    base = 1 + sum(widths[:keep])
+    groups: list[list[int]] = []
+    for i in range(keep, len(widths)):
+        if groups and base + sum(widths[j] for j in groups[-1][keep:]) + widths[i] <= width:
+            groups[-1].append(i)
+        else:
+            groups.append([*range(keep), i])
+    return groups or [list(range(len(widths)))]
 
 
 def _uncertain(row: Mapping[str, Any], key: str) -> str:
@@ -114,7 +141,7 @@ def _repeated(summary: Mapping[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _medians(summary: Mapping[str, Any]) -> list[str]:
+def _medians(summary: Mapping[str, Any], width: int | None = None) -> list[str]:
     lines = [f"## Median of rounds ({PROXY_SIDE})", "",
              "Per engine × scenario (success counts add up over rounds). Beside each median: [min–max over rounds] "
              f"and, with at least {MIN_BOOTSTRAP_REQUESTS} requests, (CI lo–hi): a bootstrap 95% interval of the "
@@ -123,7 +150,8 @@ def _medians(summary: Mapping[str, Any]) -> list[str]:
     fmt["uncertain"] = _uncertain
     cols = _run_cols(summary) + ["engine", "scenario", "rounds", "success", "requests", *_MEDIAN_NOISY,
                                  "uncertain", "failure_reasons", "load_verdict"]
-    return lines + md_table(summary["medians"], cols, fmt) + ["", UNCERTAIN_NOTE]
+    return lines + md_table(summary["medians"], cols, fmt, width, keep=len(_run_cols(summary)) + 2) + [
+        "", UNCERTAIN_NOTE]
 
 
 def _compared(summary: Mapping[str, Any]) -> list[str]:
@@ -178,6 +206,17 @@ def _variants(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _added(summary: Mapping[str, Any]) -> list[str]:
+    """What the proxy added to each round's TTFT, and how its t0 was taken; nothing where no record
+    says (an older proxy's)."""
+    rows = summary.get("proxy_added") or []
+    if not any(r.get("proxy_added_n") or set(r.get("t0_sources") or {}) - {UNKNOWN} for r in rows):
+        return []
+    t0: Fmt = lambda r, _: t0_text(r.get("t0_sources") or {UNKNOWN: 0})  # noqa: E731
+    return (["", f"## What the proxy added to TTFT ({PROXY_SIDE})", "", ADDED_NOTE, ""]
+            + md_table(list(rows), _run_cols(summary) + ["engine", "scenario", "round", *ADDED_COLS], {"t0_source": t0}))
+
+
 def _parts(summary: Mapping[str, Any]) -> list[str]:
     """Where each round's TTFT went, where the engine gave its own clock; the engine log's join."""
     rows = summary.get("ttft_parts")
@@ -197,14 +236,15 @@ def _parts(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _sessions(summary: Mapping[str, Any]) -> list[str]:
+def _sessions(summary: Mapping[str, Any], width: int | None = None) -> list[str]:
     """Per turn and per session, where the requests carried a session id."""
     if not summary.get("turns"):
         return []
+    keep = len(_run_cols(summary)) + 2
     return (["", f"## Per turn ({PROXY_SIDE})", "", TURNS_NOTE, ""]
-            + md_table(summary["turns"], _run_cols(summary) + TURN_COLS)
+            + md_table(summary["turns"], _run_cols(summary) + TURN_COLS, width=width, keep=keep + 1)  # and turn
             + ["", f"## Per session ({PROXY_SIDE})", "", SESSION_NOTE, ""]
-            + md_table(summary.get("session_cells") or [], _run_cols(summary) + SESSION_COLS))
+            + md_table(summary.get("session_cells") or [], _run_cols(summary) + SESSION_COLS, width=width, keep=keep))
 
 
 def _histograms(summary: Mapping[str, Any]) -> list[str]:
@@ -216,15 +256,16 @@ def _histograms(summary: Mapping[str, Any]) -> list[str]:
             "ms; rel_error = (histogram − exact) / exact, as a ratio.", ""] + md_table(summary["histogram_vs_exact"], cols)
 
 
-def headline_markdown(summary: Mapping[str, Any]) -> str:
+def headline_markdown(summary: Mapping[str, Any], width: int | None = None) -> str:
     """The median-of-rounds table and one load line per round (and the per-turn tables, where there
-    were sessions): what a terminal shows first."""
-    return "\n".join(_medians(summary) + _loads(summary) + _sessions(summary))
+    were sessions): what a terminal shows first; with ``width``, each table split so that its lines
+    fit it (:func:`md_table`)."""
+    return "\n".join(_medians(summary, width) + _loads(summary) + _sessions(summary, width))
 
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     md = _head(summary) + _repeated(summary) + _medians(summary) + _compared(summary) + _loads(summary) + _rounds(summary)
-    md += _variants(summary) + _parts(summary) + _sessions(summary)
+    md += _variants(summary) + _added(summary) + _parts(summary) + _sessions(summary)
     if summary.get("sources"):
         md += ["", "Records merged (the union of requests; same run, engine, scenario and round form one round):", ""]
         md += [f"- {note}" for note in summary["sources"]]

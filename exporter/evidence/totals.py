@@ -61,7 +61,8 @@ __all__ = ["one_round", "round_totals", "totals_lines", "totals_line", "rate_not
 FIGURES = ("requests", "successes", "output_tokens", "output_tokens_per_s")
 #: the figures of each engine from the records (``--records``): the round over its requests' own span
 RECORDS_FIGURES = ("requests_span_s", "requests_first_start", "requests_last_end", "records_requests",
-                   "records_output_tokens", "output_tokens_per_s_requests", "spans_differ", "counts_differ")
+                   "records_successes", "records_output_tokens", "output_tokens_per_s_requests", "spans_differ",
+                   "counts_differ")
 #: the announced span and the requests' span "differ" beyond this share of the requests' span
 SPAN_DIFFERS = 0.20
 _ROUND = re.compile(r"^scenario:(?P<name>[^#]+)#(?P<round>\d+)$")
@@ -99,7 +100,7 @@ def requests_figures(records: Sequence[Mapping[str, Any]], scenario: str, rnd: s
         first = min(float(r["start_unix"]) for r in recs)
         out[engine] = {"requests_span_s": row["duration_s"], "requests_first_start": first,
                        "requests_last_end": first + row["duration_s"], "records_requests": row["requests"],
-                       "records_output_tokens": row["success_output_tokens"],
+                       "records_successes": row["success"], "records_output_tokens": row["success_output_tokens"],
                        "output_tokens_per_s_requests": row["output_throughput_tok_s"]}
     return out
 
@@ -165,7 +166,13 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def totals_line(engine: str, t: Mapping[str, Any]) -> str:
-    """The command's line of one engine's round totals (``evidence export`` prints one per engine)."""
+    """The command's line of one engine's round totals (``evidence export`` prints one per engine).
+    Each figure names the span it covers; where the counters' scrape-to-scrape span holds other
+    requests than the round's (``counts_differ``), the line gives the round's own figures (the
+    records') first and the counters' only as what they counted, with no rate of theirs to mistake
+    for the round's."""
+    if t.get("counts_differ") and t.get("requests_span_s") is not None:
+        return _differing_line(engine, t)
     line = (f"round totals {engine}: {t['successes']}/{t['requests']} successful, {t['output_tokens']} output "
             f"tokens, {_num(t['output_tokens_per_s'], '.1f')} tok/s over the announced {t['announced_s']:.1f} s "
             "(exact, from the counters)")
@@ -173,12 +180,20 @@ def totals_line(engine: str, t: Mapping[str, Any]) -> str:
         return line
     if t["requests_span_s"] is None:
         return line + "; no records of it in the round (records)"
-    if t.get("counts_differ"):
-        line = line.replace("(exact, from the counters)", "(from the counters, scrape to scrape)")
-        line += (f"; the round itself is {t['records_requests']} requests and {t['records_output_tokens']} output "
-                 f"tokens (records: {_count_cause(t)})")
     return (line + f"; {_num(t['output_tokens_per_s_requests'], '.1f')} tok/s over its requests' "
             f"{t['requests_span_s']:.1f} s (records, as evidence summarize and a bench client count it)")
+
+
+def _differing_line(engine: str, t: Mapping[str, Any]) -> str:
+    """The line of a round whose counters counted other requests than its records hold."""
+    counted_s = float(t["counted_to"]) - float(t["counted_from"])
+    return (f"round totals {engine}: the round itself (records, as evidence summarize and a bench client count "
+            f"it): {_num(t.get('records_successes'), 'd')}/{t['records_requests']} successful, "
+            f"{t['records_output_tokens']} output tokens, {_num(t['output_tokens_per_s_requests'], '.1f')} tok/s "
+            f"over its requests' {t['requests_span_s']:.1f} s; the counters, known at scrapes only, counted "
+            f"{t['requests']} requests ({t['successes']} successful, {t['output_tokens']} output tokens) over "
+            f"{counted_s:.1f} s from {iso(t['counted_from'])} to {iso(t['counted_to'])} (from the counters, "
+            f"scrape to scrape: {_count_cause(t)}), not the round's figures")
 
 
 def _count_cause(t: Mapping[str, Any]) -> str:
@@ -199,7 +214,10 @@ def _why_counts_differ(engine: str, t: Mapping[str, Any]) -> str:
     return (f"For {engine} the counters count {t['requests']} requests and the records {t['records_requests']}: "
             "counters are known at scrapes only, and requests of the same scenario that ended between the round's "
             "end and the next scrape (its next round, run back to back) or before its start are in the counters' "
-            "span (and the job may hold more proxies than --records does); the records' figures are the round's own.")
+            "span (and the job may hold more proxies than --records does); the records' figures are the round's "
+            f"own ({_num(t.get('output_tokens_per_s_requests'), '.1f')} tok/s over its requests' span), not the "
+            f"counters' {_num(t.get('output_tokens_per_s'), '.1f')} tok/s, which divides more requests' tokens by "
+            "the round's announced span.")
 
 
 def _why_spans_differ(engine: str, t: Mapping[str, Any]) -> str:
@@ -233,7 +251,8 @@ def totals_lines(totals: dict[str, dict[str, Any]], spec: str) -> list[str]:
              "announced span.", ""]
     if not totals:
         return lines + ["**No counters of this scenario in the window**: nothing to count.", ""]
-    head = ["engine", "requests", "successes", "output tokens", "output tok/s", "announced span"]
+    head = ["engine", "requests (counters)", "successes (counters)", "output tokens (counters)",
+            "output tok/s over the announced span (counters)", "announced span"]
     head += ["requests' span (records)", "tok/s over the requests' span (records)", "requests (records)"] \
         if with_records else []
     head += ["counted from", "counted to"]

@@ -115,24 +115,24 @@ def _evidence(prom_url: str | None, window: str, out: Path) -> tuple[Path | None
         write_summary(summary, out / "summary")
         for line in summary.get("warnings") or []:  # e.g. rounds whose timing uncertainty is high
             _say(line)
-        _llmd_reports(records, out / "llm-d")
+        _llmd_reports(records, out / "llm-d", prom)
         if prom is not None:
             export(prom, parse_window(window), out / "evidence", progress=False, records=records)
             exported = out / "evidence"
     except (ExportError, PromError, OSError, ValueError) as exc:
         _say(f"evidence failed: {exc}")
         return exported, None
-    return exported, headline_markdown(summary)
+    return exported, headline_markdown(summary, width=WIDTH)  # its tables split to fit the terminal
 
 
-def _llmd_reports(records: Path, out: Path) -> None:
+def _llmd_reports(records: Path, out: Path, prom: Any = None) -> None:
     """``evidence report --format llm-d``: one llm-d Benchmark Report per engine and round, each naming
-    the simulated engine's version and arguments."""
+    the simulated engine's version and arguments (with Prometheus, its own time series too)."""
     from exporter.evidence.llmd import write_reports
     from exporter.evidence.merge import load_records
 
     out.mkdir(parents=True, exist_ok=True)
-    write_reports(records, out, load_records(records))
+    write_reports(records, out, load_records(records), prom=prom)
 
 
 def _compare(out: Path) -> Path | None:
@@ -257,7 +257,8 @@ def _report(out: Path, stack: LocalStack, tables: tuple[str | None, str], found:
     _say(f"logs:       {stack.logs}")
     _say(f"summary:    {out / 'summary'}/summary.md (proxy-side round tables, load per round, steady windows)")
     if (out / "llm-d" / "manifest.json").exists():
-        _say(f"llm-d:      {out / 'llm-d'}/ (one llm-d Benchmark Report 0.2.1 per engine and round, manifest.json)")
+        _say(f"llm-d:      {out / 'llm-d'}/ (one llm-d Benchmark Report 0.2.1 per engine and round, with the engine's "
+             "time series where Prometheus ran; manifest.json)")
     if found["evidence"]:
         _say(f"evidence:   {found['evidence']}/EVIDENCE.md (PNG boards, CSV/JSON per panel, manifest.json)")
     if found["compare"]:
@@ -283,7 +284,7 @@ def _replay(stack: LocalStack, out: Path, plan: Plan, tokenizer: Path | None) ->
     except (TraceError, TokenizerError, PlanError, OSError) as exc:
         _say(f"trace replay failed: {exc}")
         return []
-    _say("\n" + round_table(summaries) + "\n")
+    _say("\n" + round_table(summaries, width=WIDTH) + "\n")
     trace = out / "trace" / f"{scenario}.jsonl"
     for name in ENGINES:
         _say(fidelity(out, trace, name))
@@ -301,7 +302,7 @@ def _run(args: argparse.Namespace, out: Path, plan: Plan, stack: LocalStack) -> 
     ended = time.time()
     time.sleep(args.settle)  # let Prometheus scrape the last counts
     (out / "summary.json").write_text(json.dumps(summaries, indent=2), encoding="utf-8")
-    table = round_table(summaries)
+    table = round_table(summaries, width=WIDTH)
     (out / "rounds.txt").write_text(table + "\n", encoding="utf-8")
     window = f"{int(started)},{int(ended + args.settle)}"
     exported, proxy_side = _evidence(prom_url, window, out)

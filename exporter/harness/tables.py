@@ -214,17 +214,36 @@ def _cell_rows(s: Mapping[str, Any]) -> list[tuple[list[str], str | None]]:
     return out
 
 
-def round_table(summaries: Sequence[Mapping[str, Any]]) -> str:
-    """The text table: one line per cell (median [spread]), CI lines, stops and sweeps."""
+def _column_groups(rows: Sequence[Sequence[str]], width: int, keep: int = 2) -> list[list[int]]:
+    """Column indices per grid: the first ``keep`` (engine, scenario) in each, the others packed in
+    order while a line (cells padded to their widest, two spaces between) stays within ``width``."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    groups: list[list[int]] = []
+    for i in range(keep, len(widths)):
+        if groups and sum(widths[j] + 2 for j in groups[-1]) + widths[i] <= width:
+            groups[-1].append(i)
+        else:
+            groups.append([*range(keep), i])
+    return groups or [list(range(len(widths)))]
+
+
+def round_table(summaries: Sequence[Mapping[str, Any]], width: int | None = None) -> str:
+    """The text table: one line per cell (median [spread]), CI lines, stops and sweeps; with
+    ``width``, its columns split into grids whose lines fit it (engine and scenario in each)."""
     head = ["engine", "scenario", "success", "in tok", "prompt tok", *(title for _, title, _, _ in _FIGURES),
             "lag P50/P99 ms"]
     cells = [row for s in summaries for row in _cell_rows(s)]
-    grid = _grid([head] + [r for r, _ in cells])
-    lines = [TITLE, grid[0], "-" * max(len(g) for g in grid)]
-    for text, (_, ci) in zip(grid[1:], cells):
-        lines.append(text)
-        if ci:
-            lines.append(ci)
+    rows = [head] + [r for r, _ in cells]
+    lines = [TITLE]
+    for n, group in enumerate([list(range(len(head)))] if width is None else _column_groups(rows, width)):
+        grid = _grid([[row[i] for i in group] for row in rows])
+        if n:
+            lines.append(f"(continued: {', '.join(head[i] for i in group[2:])} of the cells above)")
+        lines += [grid[0], "-" * max(len(g) for g in grid)]
+        for text, (_, ci) in zip(grid[1:], cells):
+            lines.append(text)
+            if ci and n == 0:
+                lines.append(ci)
     for s in summaries:
         for stop in s.get("stops", []):
             if not any(stop == sw.get("ended_by") for sw in s.get("sweeps", [])):

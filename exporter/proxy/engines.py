@@ -22,12 +22,11 @@ all its workers) asks the engine, through the proxy's own upstream client
   ``process_start_time_seconds`` (its ``/metrics``) when that process started after the proxy
   last saw it up, else from the first probe that found it down.
 
-Every argument whose name has a word ``key``, ``token``, ``secret`` or ``password`` (``api_key``,
-``hf_token``, ``--api-key``, ``apiKey``, ``authToken``) is replaced by ``"<redacted>"``
-(:func:`redact`) before it is kept, so no output can carry it; counts and paths such as
-``max_total_tokens`` or ``tokenizer_path`` are kept: a report needs them.  Each change
-(an identity, a down, an up) is one line of ``engines.jsonl`` beside ``scenarios.jsonl``, with
-the run's id.  ``GET /-/engines`` answers :meth:`EngineWatch.snapshot`; the metrics are
+Every argument whose name's last word is ``key``, ``token``, ``secret``, ``password`` or
+``credential(s)`` (``api_key``, ``hf_token``, ``apiKey``) is ``"<redacted>"`` (:func:`redact`)
+before it is kept; ``max_total_tokens``, ``prefill_per_token_s``, ``tokenizer_path`` are kept.
+Each change (an identity, a down, an up) is one line of ``engines.jsonl`` beside
+``scenarios.jsonl``, with the run's id.  ``GET /-/engines`` answers :meth:`EngineWatch.snapshot`; the metrics are
 :class:`exporter.proxy.metrics.EngineCollector`'s.
 """
 
@@ -69,6 +68,8 @@ _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 _SECRET_WORDS = frozenset({"key", "keys", "secret", "secrets", "password", "passwd", "passphrase", "credential",
                            "credentials"})
 _SECRET_ENDINGS = ("token", "key", "secret", "password")
+#: secret wherever they stand in a name (never token or key: ``prefill_per_token_s`` is a timing)
+_ALWAYS_SECRET = frozenset({"secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials"})
 _START = re.compile(rb"^process_start_time_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 #: the file beside ``scenarios.jsonl``
 LOG_NAME = "engines.jsonl"
@@ -77,11 +78,15 @@ IDENTITY_KEYS = ("kind", "version", "model", "root", "max_model_len", "server_ar
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether an argument's name says it holds a secret: a word of it (any case) is key, secret,
-    password or credentials, or ends in token, key, secret or password (``hf_token``,
-    ``authToken``, ``privatekey``); ``max_total_tokens`` and ``tokenizer_path`` are not."""
-    words = (w.lower() for w in _WORD.findall(name))
-    return any(w in _SECRET_WORDS or w.endswith(_SECRET_ENDINGS) for w in words)
+    """Whether an argument's name says it holds a secret: its last word (any case; words split at
+    ``_``, ``-`` and before a capital) is key, secret, password or credentials, or ends in token,
+    key, secret or password (``hf_token``, ``authToken``, ``privatekey``, ``ssl_keyfile_password``);
+    ``max_total_tokens``, ``prefill_per_token_s`` and ``tokenizer_path`` are not: a word inside the
+    name says what it counts or times, not what it holds.  Secret, password and credentials hide a
+    name wherever they stand in it (``secret_sauce``)."""
+    words = [w.lower() for w in _WORD.findall(name)]
+    last = words[-1] if words else ""
+    return last in _SECRET_WORDS or last.endswith(_SECRET_ENDINGS) or any(w in _ALWAYS_SECRET for w in words)
 
 
 def redact(value: Any) -> Any:

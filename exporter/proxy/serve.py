@@ -15,6 +15,15 @@ __all__ = ["add_parser", "cmd_serve"]
 
 log = logging.getLogger("llmbench")
 
+DESCRIPTION = ("Run the measuring proxy exporter: each engine's OpenAI API under /ENGINE/v1/ (completions, chat "
+               "completions, models) goes to that engine's configured upstream, byte for byte; every request is "
+               "timed (TTFT, TPOT, E2E) and judged strictly, and counted on /metrics for Prometheus, written to "
+               "records_dir (requests.jsonl, scenarios.jsonl, engines.jsonl, raw SSE captures: of failures by "
+               "default) and labelled by the round a bench client announces on POST /-/scenario. Ctrl-C or "
+               "SIGTERM stops it gracefully. Exit status 2 for a mistake (a config refused with the field's path "
+               "and reason, a records_dir that cannot be written or is in use, a port that cannot be bound), one "
+               "line names it.")
+
 
 def _listen(value: str) -> str:
     try:
@@ -79,7 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="run the measuring proxy exporter")
+    serve = sub.add_parser("serve", help="run the measuring proxy exporter", description=DESCRIPTION)
     serve.add_argument("--config", required=True, help="YAML config file (required; see examples/stack.yaml)")
     serve.add_argument("--listen", type=_listen, help="HOST:PORT to listen on (default: the config's listen, itself 127.0.0.1:9464 by default)")
     serve.add_argument("--gpu", type=_gpu, help="GPU collector: off | nvml | sim:N (default: the config's gpu, itself off by default)")

@@ -16,7 +16,7 @@ import pytest
 from dashboards.catalogue import BOARDS, PANELS
 from exporter.evidence import cli as evidence_cli
 from exporter.evidence import export as export_module
-from exporter.evidence import render
+from exporter.evidence import export_files, render
 from exporter.evidence import totals as totals_module
 from exporter.evidence.cli import main as evidence_main
 from exporter.evidence.counts import covering
@@ -367,13 +367,14 @@ def test_png_titles_mark_rate_panels_over_a_shorter_window(tmp_path: Path, fake:
     """The boards users paste into reports: the title a rate panel is drawn with says it is a 1m rate
     over a shorter window, and where the window's figure is."""
     given: list[tuple[str, dict[str, str]]] = []
-    real = export_module.render_board
+    real = export_files.render_board
 
-    def spy(board: Any, data: Any, window: Any, out: Path, subtitle: str = "", marks: Any = None) -> Path:
+    def spy(board: Any, data: Any, window: Any, out: Path, subtitle: str = "", marks: Any = None,
+            rounds: Any = ()) -> Path:
         given.append((board.uid, dict(marks or {})))
-        return real(board, data, window, out, subtitle=subtitle, marks=marks)
+        return real(board, data, window, out, subtitle=subtitle, marks=marks, rounds=rounds)
 
-    monkeypatch.setattr(export_module, "render_board", spy)
+    monkeypatch.setattr(export_files, "render_board", spy)
     events = [_event(RUN_1, T0, "short-c4", 1), _event(RUN_1, T0 + 56.4, None, None)]
     d = _records(tmp_path / "run", events)
     fake.ranges = {'job="llmbench-exporter"': 1.0}
@@ -402,7 +403,9 @@ def test_counters_that_took_in_a_neighbouring_round_say_so(tmp_path: Path, fake:
     the scrape after its end and so take in round 2's first answers (96 where the round had 64, seen
     on the real vLLM). The line no longer calls that exact: it gives the records' figures beside."""
     events = [_event(RUN_1, T0, "short-c4", 1), _event(RUN_1, T0 + 6, "short-c4", 2), _event(RUN_1, T0 + 12, None, None)]
-    d = _records(tmp_path / "run", events, _timed(RUN_1, T0 + 0.2, 6, 0.5, e2e_s=2.0))
+    recs = _timed(RUN_1, T0 + 0.2, 6, 0.5, e2e_s=2.0)
+    d = _records(tmp_path / "run", events, recs)
+    span_s = max(r["start_unix"] + r["e2e_s"] for r in recs) - min(r["start_unix"] for r in recs)
     fake.ranges = {'job="llmbench-exporter"': 1.0}
     fake.counts = _counters(1152, 9, 9)  # three of round 2 ended before the scrape after round 1's end
     out = tmp_path / "ev"
@@ -412,8 +415,15 @@ def test_counters_that_took_in_a_neighbouring_round_say_so(tmp_path: Path, fake:
     v = json.loads((out / "manifest.json").read_text())["round_totals"]["vllm"]
     assert (v["requests"], v["records_requests"], v["records_output_tokens"], v["counts_differ"]) == (9, 6, 768, True)
     line = next(x for x in printed.splitlines() if x.startswith("round totals vllm: "))
-    assert "(exact, from the counters)" not in line and "(from the counters, scrape to scrape)" in line
-    assert "the round itself is 6 requests and 768 output tokens (records" in line
+    assert "(exact, from the counters)" not in line and "(from the counters, scrape to scrape" in line
+    # one thing said: the round's own figures first, each with the span it covers; the counters' only
+    # as what they counted over their own span, with no rate of theirs beside the round's
+    own = line.split("; the counters")[0]
+    assert own.startswith("round totals vllm: the round itself (records")
+    assert f"6/6 successful, 768 output tokens, {768 / span_s:.1f} tok/s over its requests' {span_s:.1f} s" in own
+    counters = line.split("; the counters")[1]
+    assert "counted 9 requests (9 successful, 1152 output tokens) over" in counters and "tok/s" not in counters
+    assert line.count("tok/s") == 1 and "not the round's figures" in line
     md = (out / "EVIDENCE.md").read_text()
     assert "For vllm the counters count 9 requests and the records 6" in md
     assert "## Round totals (from the proxies' counters, scrape to scrape, and the records)" in md

@@ -10,8 +10,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..promapi import PromError
 from ..windows import Window, iso
 from .doc import Figure, Items, Para, Section
+from .energy import energy_block
 from .engine_board import engine_board, round_marks
 from .model import Report
 
@@ -77,6 +79,8 @@ def boards(report: Report, records: Sequence[Mapping[str, Any]], records_dir: Pa
         figures, notes = _one(prom, report, records, records_dir, engine, out)
         s.blocks.extend(figures)
         s.blocks.append(Items(tuple(notes)))
-    s.blocks.append(Para("Energy per output token: withheld here (the GPU board shows power; simulated GPUs, where "
-                         "the proxy runs with gpu: sim:N, are not real hardware)."))
+    try:
+        s.blocks.extend(energy_block(report, records, prom))
+    except (PromError, OSError) as exc:
+        s.blocks.append(Para(f"Energy per output token: withheld, Prometheus did not answer: {exc}"))
     return s

@@ -10,6 +10,7 @@ from typing import Any
 from ..noise import LOADS_DIFFER, METRICS, RULE, delta_pct, human, judged_verdict, unit_of
 from ..summarize import UNCERTAIN_OF_TTFT, UNCERTAIN_WARN, uncertainty_warning
 from ..ttftparts import md_rows
+from .added import added_table
 from .doc import Items, Para, Section, Table
 from .model import Report
 from .sections import fmt_median
@@ -81,9 +82,15 @@ def caveats(report: Report, boards_fetched: bool) -> Section:
                      ", ".join(sorted({m["scenario"] for m in report.unpivoted})))
     if not boards_fetched:
         items.append("Not measured here: the engines' own time series, GPU and energy (no --prometheus).")
+    added = added_table(report)
+    if added is None:
+        items.append("What the proxy added to the client's TTFT (proxy_added_s) and how t0 was taken (t0_source): "
+                     "not recorded (records of an older proxy).")
     uncertain = uncertainty_warning(report.summary)  # its rounds are listed one by one above
     items += [str(w) for w in report.summary.get("warnings") or [] if w != uncertain]
     s.blocks.append(Items(tuple(items)))
+    if added is not None:
+        s.blocks += [Para("TTFT and what the proxy added to it, per cell:"), added]
     return s
 
 

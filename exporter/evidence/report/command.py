@@ -37,11 +37,13 @@ def cmd_page(args: argparse.Namespace, prom: Any = None) -> int:
 
 def add_options(r: argparse.ArgumentParser) -> None:
     """The options of ``--format html|md`` (``--records`` and ``--out`` are shared with llm-d)."""
-    r.add_argument("--prometheus", metavar="URL", help="html, md: base URL of the Prometheus that scraped the run: "
+    r.add_argument("--prometheus", metavar="URL", help="base URL of the Prometheus that scraped the run: html, md: "
                                                        "each engine's boards over its own window are exported beside "
-                                                       "the report and shown (default: none, boards not fetched)")
+                                                       "the report and shown; llm-d: each round's engine time series "
+                                                       "(KV cache, running and waiting requests, GPUs) under "
+                                                       "observability (default: none, not fetched)")
     r.add_argument("--header", action="append", metavar="NAME:VALUE",
-                   help="html, md: extra HTTP header for the query API, repeatable (default: none)")
+                   help="extra HTTP header for the query API, repeatable (default: none)")
     r.add_argument("--baseline", metavar="DIR", help="html, md: an earlier run's records directory: a history "
                                                      "section with the noise verdict, engines paired by name "
                                                      "(default: none)")
