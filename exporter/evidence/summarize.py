@@ -8,7 +8,10 @@ back-pressure, load verdict).  Then the median of rounds per run × engine × sc
 rounds' spread (min–max) and, with enough requests, a bootstrap 95% interval beside each median;
 engines side by side per run and scenario with a noise verdict; the TTFT variants (``ttft_s``,
 ``ttfb_s``, ``ttfe_s``) where the records carry them; where requests carry a ``session_id``, a
-row per turn and per session (:mod:`.turns`).  Each record is judged by its own ``slo``;
+row per turn and per session (:mod:`.turns`); where records carry the decode fields, the ITL
+distribution, TTFT beside TTFO and spec acceptance per round and route (:mod:`.decode`).
+Embeddings and rerank requests stay out of the generation tables where a run also holds
+generations: a ``pooling`` table of their own.  Each record is judged by its own ``slo``;
 older records by the config given, else by the default (:func:`.runs.judge_by`).
 
 A round announced more than once in a run (cleared or replaced, then set again: the proxy's
@@ -39,6 +42,7 @@ from exporter.core.stats import median_of_rounds, percentile, round_row
 from exporter.proxy.config import DEFAULT_SLO, Config
 
 from .counts import covering
+from .decode import DECODE_NOTE, POOLING_NOTE, decode_cells, decode_rounds, pooling_rounds, split_routes
 from .experiment import Expect, cell_load, round_load, round_name, steady_records, window_share
 from .identity import identity
 from .merge import load_records
@@ -71,6 +75,8 @@ HISTOGRAMS = {"ttft": ("llmbench_time_to_first_token_seconds", "ttft_s"),
               "e2e": ("llmbench_e2e_request_latency_seconds", "e2e_s")}
 #: first visible text, first body byte, first event with choices.
 TTFT_VARIANTS = ("ttft_s", "ttfb_s", "ttfe_s")
+#: record fields whose presence gives the decode tables (:mod:`.itl`)
+DECODE_FIELDS = ("itl_p50_s", "ttfo_s", "spec_draft_tokens")
 #: one name per figure: ``slo_attainment`` (met / all) is ``goodput_ratio`` (met / judged) but for
 #: client aborts; the summary keeps ``goodput_ratio``.
 DROPPED = ("slo_attainment",)
@@ -177,7 +183,8 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
     judged, slo_note = judge_by(select_run(records, run), config, config_path)
     spans, unread = _announcements(records_dirs)
     repeated = split_repeated(judged, spans)  # a round announced twice in a run: two rounds
-    groups = group_rounds(judged)
+    gens, pooled = split_routes(judged)  # embeddings and rerank apart from the generations
+    groups = group_rounds(gens)
     rounds, steady, loads = _round_tables(groups, expect)
     medians = _medians(groups, rounds, loads)
     out: dict[str, Any] = {"measured": "proxy-side, from requests.jsonl", "runs": _runs(judged, groups),
@@ -188,6 +195,11 @@ def summarize(records: Sequence[Mapping[str, Any]], prom: Prometheus | None = No
     if any(r.get("session_id") for r in judged):  # per turn and per session (.turns)
         sessions = session_table(judged)
         out.update(turns=turn_table(judged), sessions=sessions, session_cells=session_cells(sessions))
+    if any(k in r for r in gens for k in DECODE_FIELDS):  # records of a proxy that measures decode
+        out.update(decode=decode_rounds(groups), decode_note=DECODE_NOTE)
+        out["decode_cells"] = decode_cells(out["decode"])
+    if pooled:
+        out.update(pooling=pooling_rounds(group_rounds(pooled)), pooling_note=POOLING_NOTE)
     if prom is not None:
         out["histogram_vs_exact"] = _compare(prom, groups, scrape_s)
     if repeated:
@@ -318,7 +330,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 TABLES = ("rounds", "steady_rounds", "load", "medians", "engines_compared", "ttft_variants", "ttft_parts",
-          "proxy_added", "histogram_vs_exact", "turns", "sessions", "session_cells")
+          "proxy_added", "histogram_vs_exact", "turns", "sessions", "session_cells", "decode", "decode_cells",
+          "pooling")
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> list[Path]:

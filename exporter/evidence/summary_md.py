@@ -13,6 +13,7 @@ from typing import Any
 
 from exporter.core.stats import MIN_BOOTSTRAP_REQUESTS
 
+from .decode import DECODE_KEYS
 from .enginelog import engine_log_lines
 from .experiment import load_line, round_name, seconds_text
 from .noise import fmt_delta, fmt_noise, human, unit_of
@@ -38,6 +39,10 @@ _TITLES = {
     "engine_timing": "engine clock",
     "t0_source": "t0", "proxy_added_n": "requests", "proxy_added_p50_s": "proxy added P50",
     "proxy_added_p95_s": "proxy added P95", "client_ttft_p95_s": "client TTFT P95",
+    "itl_p50_med_s": "ITL med P50", "itl_p95_med_s": "ITL med P95", "itl_p99_med_s": "ITL med P99",
+    "itl_max_s": "ITL max", "decode_stalls": "stalls", "tokens_per_event_mean": "tokens/event",
+    "ttfo_p50_s": "TTFO P50", "ttfo_p95_s": "TTFO P95", "spec_acceptance_ratio": "spec acceptance",
+    "itl_requests": "with ITL", "ttfo_n": "with TTFO", "e2e_p50_s": "E2E P50",
 }
 _FIGURES = ["ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "output_throughput_tok_s",
             "goodput_ratio", "goodput_tok_s"]
@@ -206,6 +211,27 @@ def _variants(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _decode(summary: Mapping[str, Any]) -> list[str]:
+    """Per round and route: the ITL distribution, TTFT beside TTFO, spec acceptance (:mod:`.itl`);
+    then the pooling routes' rounds, apart."""
+    lines: list[str] = []
+    rows = summary.get("decode") or []
+    if rows:
+        cols = [*_run_cols(summary), "engine", "scenario", "round"]
+        cols += ["route"] if len({r["route"] for r in rows}) > 1 else []
+        cols += ["success", "itl_requests", *DECODE_KEYS[:6], "ttft_p50_s", "ttft_p95_s"]
+        cols += ["ttfo_n", "ttfo_p50_s", "ttfo_p95_s"] if any(r.get("ttfo_n") for r in rows) else []
+        cols += ["spec_acceptance_ratio"] if any(r.get("spec_requests") for r in rows) else []
+        lines += ["", f"## Decode: gaps between tokens, TTFT and TTFO ({PROXY_SIDE})", "",
+                  summary.get("decode_note", "") + ".", ""] + md_table(rows, cols)
+    pooled = summary.get("pooling") or []
+    if pooled:
+        lines += ["", f"## Embeddings and rerank ({PROXY_SIDE})", "", summary.get("pooling_note", "") + ".", ""]
+        lines += md_table(pooled, [*_run_cols(summary), "engine", "scenario", "round", "route", "requests",
+                                   "success", "e2e_p50_s", "e2e_p95_s"])
+    return lines
+
+
 def _added(summary: Mapping[str, Any]) -> list[str]:
     """What the proxy added to each round's TTFT, and how its t0 was taken; nothing where no record
     says (an older proxy's)."""
@@ -265,7 +291,7 @@ def headline_markdown(summary: Mapping[str, Any], width: int | None = None) -> s
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     md = _head(summary) + _repeated(summary) + _medians(summary) + _compared(summary) + _loads(summary) + _rounds(summary)
-    md += _variants(summary) + _added(summary) + _parts(summary) + _sessions(summary)
+    md += _variants(summary) + _decode(summary) + _added(summary) + _parts(summary) + _sessions(summary)
     if summary.get("sources"):
         md += ["", "Records merged (the union of requests; same run, engine, scenario and round form one round):", ""]
         md += [f"- {note}" for note in summary["sources"]]

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..decode import DECODE_KEYS
 from ..noise import human
-from .doc import Items, Para, Section, Table
+from .doc import Block, Items, Para, Section, Table
 from .model import MATRIX_METRICS, MatrixCell, Report
 
-__all__ = ["what_ran", "core_matrix", "rate_sweep", "fmt_median", "unpivoted_table"]
+__all__ = ["what_ran", "core_matrix", "rate_sweep", "fmt_median", "unpivoted_table", "decode_blocks"]
 
 
 def fmt_median(key: str, value: float | None, spread: Sequence[float] | None) -> str:
@@ -175,3 +176,54 @@ def rate_sweep(report: Report, stops: Sequence[Mapping[str, Any]]) -> Section:
     if lines:
         s.blocks.append(Items(tuple(lines)))
     return s
+
+_HEAD = {"itl_p50_med_s": "ITL med P50 (ms)", "itl_p95_med_s": "ITL med P95 (ms)",
+         "itl_p99_med_s": "ITL med P99 (ms)",
+         "itl_max_s": "ITL max (ms)", "decode_stalls": "decode stalls", "tokens_per_event_mean": "tokens/event",
+         "ttft_p50_s": "TTFT P50 (ms)", "ttft_p95_s": "TTFT P95 (ms)", "ttfo_p50_s": "TTFO P50 (ms)",
+         "ttfo_p95_s": "TTFO P95 (ms)", "spec_acceptance_ratio": "spec acceptance (%)"}
+
+
+def _where(report: Report, scenario: str) -> tuple[tuple[int, int, int, str], str]:
+    """A sort key (shape, concurrency, then the scenario) and the cell's name."""
+    info = report.cells.get(scenario)
+    if info is not None and info.shape and info.concurrency:
+        return (info.input_tokens or 0, info.output_tokens or 0, info.concurrency, ""), f"{info.shape} C{info.concurrency}"
+    if info is not None and info.rate:
+        return (1 << 30, 0, 0, scenario), f"{scenario} ({info.rate:g} req/s)"
+    return (1 << 31, 0, 0, scenario), scenario
+
+
+def _shown(cells: list[Mapping[str, Any]]) -> list[str]:
+    """The figures any cell has (TTFO only where answers were told apart, spec only where reported)."""
+    return [k for k in DECODE_KEYS if any(c.get(k) is not None for c in cells)]
+
+
+def decode_blocks(report: Report) -> list[Block]:
+    """The core matrix's decode table and its embeddings and rerank rounds, read from what
+    ``evidence summarize`` computed (``decode_cells``, ``pooling``): a row per cell, engine and
+    route, each figure the median of the cell's rounds with their [min–max], as the matrix shows."""
+    calib = set(report.calibration)
+    cells = [c for c in report.summary.get("decode_cells") or [] if c["scenario"] not in calib]
+    blocks: list[Block] = []
+    if cells:
+        keys = _shown(cells)
+        routes = len({c["route"] for c in cells}) > 1
+        rank = {e: i for i, e in enumerate(report.engines)}
+        cells.sort(key=lambda c: (_where(report, c["scenario"])[0], rank.get(c["engine"], len(rank)), c["route"]))
+        head = ("cell", "engine", *(("route",) if routes else ()), *(_HEAD[k] for k in keys))
+        rows = tuple((_where(report, c["scenario"])[1], c["engine"], *((c["route"],) if routes else ()),
+                      *(fmt_median(k, c.get(k), (c.get("spread") or {}).get(k)) for k in keys)) for c in cells)
+        blocks += [Para("Decode, per cell: the gaps between visible-text arrivals, each shared by the tokens the "
+                        "later arrival carried, TTFT beside TTFO."),
+                   Table(head, rows, merge=(0,), caption="Each figure is the median over the cell's rounds with "
+                         "the rounds' [min–max]; in a round, " + str(report.summary.get("decode_note", "")) + ".")]
+    pooled = [p for p in report.summary.get("pooling") or [] if p["scenario"] not in calib]
+    if pooled:
+        rows = tuple((_where(report, p["scenario"])[1], p["engine"], p["route"], str(p["round"]),
+                      f"{p['success']}/{p['requests']}", fmt_median("e2e_p50_s", p.get("e2e_p50_s"), None),
+                      fmt_median("e2e_p95_s", p.get("e2e_p95_s"), None)) for p in pooled)
+        blocks.append(Table(("cell", "engine", "route", "round", "success k/n", "E2E P50 (ms)", "E2E P95 (ms)"), rows,
+                            caption="Embeddings and rerank rounds, per round: " + str(report.summary.get("pooling_note"))
+                            + "; not in the tables above."))
+    return blocks

@@ -29,7 +29,7 @@ from .failures import failures
 from .figures import concurrency_figures, frontier_figure, sweep_figure
 from .model import Report, build
 from .page import html_page, markdown_page
-from .sections import core_matrix, rate_sweep, what_ran
+from .sections import core_matrix, decode_blocks, rate_sweep, what_ran
 
 __all__ = ["ReportOptions", "ReportError", "write_report", "RECORD_FILES"]
 
@@ -101,7 +101,9 @@ def _sections(report: Report, records: Sequence[Mapping[str, Any]], opts: Report
         "rounds.csv: one row per round (base units, named in the columns)",
         "manifest.json: every file's SHA-256, and the records' below",
         *(f"{h['path']}: {h['bytes']} bytes, SHA-256 {h['sha256']}" for h in hashes)))])
-    return [what_ran(report), core_matrix(report), figs, inter, sweep, ttft_section(report),
+    core = core_matrix(report)
+    core.blocks += decode_blocks(report)  # per cell decode, and embeddings/rerank apart
+    return [what_ran(report), core, figs, inter, sweep, ttft_section(report),
             failures(report, records, [p if p.is_dir() else p.parent for p in opts.records], opts.vocabulary),
             boards(report, records, records_dir, opts.prom, opts.out), caveats(report, opts.prom is not None),
             attach, history(report, baseline, str(opts.baseline) if opts.baseline else None)]
