@@ -99,7 +99,8 @@ def _decode(path: Path) -> dict[str, Any]:
     result = analyze_bytes(
         chunks, status=status if isinstance(status, int) else None,
         spec=RequestSpec(stream=bool(meta.get("streaming", True)) and endpoint not in POOLING,
-                         expected_tokens=meta.get("expected_tokens"), endpoint=endpoint),
+                         expected_tokens=meta.get("expected_tokens"), endpoint=endpoint,
+                         inputs=_count(meta.get("inputs")), top_n=_count(meta.get("top_n"))),
         streaming=bool(meta.get("streaming", True)), end=meta.get("end_offset"),
         transport_error=meta.get("transport_error"),
     )
@@ -117,6 +118,11 @@ def _decode(path: Path) -> dict[str, Any]:
         "events": result.events, "bytes": len(body), "sha256": digest, "sha256_ok": sha_ok,
         "record_sha256_ok": record_ok, "matches_proxy": same, "problems": problems, "ok": not problems,
     }
+
+
+def _count(value: object) -> int | None:
+    """A count the capture's metadata holds (an embeddings' inputs, a rerank's top_n), or None."""
+    return value if type(value) is int and value >= 0 else None
 
 
 def _endpoint(meta: dict[str, Any]) -> str:

@@ -147,6 +147,8 @@ class Exchange:
                 "status": result.status,
                 "streaming": analyzer.streaming,
                 "expected_tokens": result.expected_tokens,
+                "inputs": self.spec.inputs,  # embeddings' inputs, rerank's documents (their success rule)
+                "top_n": self.spec.top_n,
                 "transport_error": error,
                 "end_offset": round(now - t0, 6),
                 "verdict": {"outcome": result.outcome, "reason": result.reason},

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from exporter.core.stats import percentile
 from exporter.evidence.cli import main
@@ -178,3 +179,23 @@ async def test_decode_judges_a_capture_by_its_route(aiohttp_server: Any, proxy_f
     result = decode_capture(Path(rec["capture"]))
     assert (result["verdict"], result["reason"]) == (rec["outcome"], rec["reason"]) and result["matches_proxy"]
     assert result["ok"] and result["visible_chars"] == rec["visible_chars"]
+
+
+async def test_decode_judges_a_short_embeddings_answer_as_the_proxy_did(aiohttp_server: Any, proxy_factory: Any,
+                                                                         tmp_path: Path) -> None:
+    """One vector for two inputs: a failure at the proxy, and the same failure offline, since the
+    capture keeps how many inputs were asked."""
+    async def one_vector(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"object": "list", "model": "m", "data": [{"object": "embedding", "index": 0,
+                                  "embedding": [0.5, 0.25]}], "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", one_vector)
+    server = await aiohttp_server(app)
+    proxy = await proxy_factory(server.port, capture_raw_sse="all")
+    await (await proxy.post("/vllm/v1/embeddings", json={"model": "m", "input": ["a", "b c"]})).read()
+    rec, = read_records(tmp_path)
+    assert rec["outcome"] == "failure", rec
+    result = decode_capture(Path(rec["capture"]))
+    assert (result["verdict"], result["reason"]) == (rec["outcome"], rec["reason"]) and result["matches_proxy"]
