@@ -203,7 +203,8 @@ def _variants(summary: Mapping[str, Any]) -> list[str]:
         return []
     lines = ["", f"## TTFT variants ({PROXY_SIDE})", "",
              "Successful requests: ttft = first visible text, ttfb = first body byte, ttfe = first event with "
-             "choices (what vLLM's bench client stamps).", ""]
+             "choices (what vLLM's bench client stamps). Pooled: each P50/P95 is over every successful request "
+             "of the scenario's rounds together, not a median of rounds as in the round tables above.", ""]
     lines += md_table(rows, _run_cols(summary) + _VARIANT_COLS)
     if any(r.get("ttfb_n", 0) < r.get("success", 0) or r.get("ttfe_n", 0) < r.get("success", 0) for r in rows):
         lines += ["", "Some records carry no ttfb_s/ttfe_s (written by an older proxy): those variants count "

@@ -59,6 +59,7 @@ def test_summarize_merges_two_proxies_exactly(tmp_path: Path, capsys: pytest.Cap
     assert v["ttft_n"] == 52
     md = (out / "summary.md").read_text()
     assert "TTFT variants" in md and "older proxy" in md and "Records merged" in md
+    assert "Pooled: each P50/P95 is over every successful request of the scenario's rounds together" in md
 
 
 def test_summarize_without_ttft_variants(tmp_path: Path) -> None:
