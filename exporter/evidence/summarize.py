@@ -320,12 +320,17 @@ def _flat(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    flat = [_flat(r) for r in rows]
-    cols = list(dict.fromkeys(k for r in flat for k in r))
+    write_rows(path, [_flat(r) for r in rows])
+
+
+def write_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """``rows`` as a CSV file: every key of any row a column, in first-seen order; a nested value
+    as its JSON."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, cols)
         w.writeheader()
-        for r in flat:
+        for r in rows:
             w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 

@@ -5,7 +5,6 @@ file's SHA-256 and the records'."""
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import time
@@ -19,7 +18,7 @@ from exporter import __version__
 from ..merge import load_many
 from ..outdir import check_out, prepare_out
 from ..runs import RunError, refuse_client_side, runs_in, select_run
-from ..summarize import summarize
+from ..summarize import summarize, write_rows
 from ..windows import iso
 from .boards import boards
 from .caveats import caveats, history, ttft_section
@@ -109,15 +108,6 @@ def _sections(report: Report, records: Sequence[Mapping[str, Any]], opts: Report
             attach, history(report, baseline, str(opts.baseline) if opts.baseline else None)]
 
 
-def _rounds_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
-
-
 def _manifest(out: Path, hashes: list[dict[str, Any]], report: Report) -> dict[str, Any]:
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != "manifest.json")
     return {"tool": "llm-bench-exporter evidence report", "version": __version__, "created_utc": iso(time.time()),
@@ -153,7 +143,7 @@ def write_report(opts: ReportOptions) -> dict[str, Any]:
     doc = {**summary, "report": {"totals": report.totals, "cells": {k: asdict(v) for k, v in cells.items()},
                                  "calibration": report.calibration}}
     (opts.out / "summary.json").write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
-    _rounds_csv(opts.out / "rounds.csv", summary.get("rounds") or [])
+    write_rows(opts.out / "rounds.csv", summary.get("rounds") or [])
     manifest = _manifest(opts.out, hashes, report)
     (opts.out / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return manifest
