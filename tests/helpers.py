@@ -108,6 +108,12 @@ async def wait_for_records(tmp_path: Path, n: int, timeout_s: float = 5.0) -> li
     return read_records(tmp_path)
 
 
+def announcements(path: Path) -> list[dict[str, Any]]:
+    """The round announcements of a ``scenarios.jsonl``, in order, without the ``cell`` lines that
+    ``load`` has the proxy write beside them (what each round measures)."""
+    return [d for d in map(json.loads, path.read_text().splitlines()) if d.get("event") != "cell"]
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The sum of the samples that match ``labels`` in Prometheus text format (0 when none)."""
     from prometheus_client.parser import text_string_to_metric_families

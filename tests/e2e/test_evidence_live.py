@@ -21,6 +21,8 @@ from exporter.evidence.render import png_size
 from exporter.evidence.summarize import summarize
 from exporter.evidence.windows import WindowError, parse_window
 
+from tests.helpers import announcements
+
 
 def _window(stack: Any) -> str:
     return f"{stack.start:.0f},{stack.end:.0f}"
@@ -55,7 +57,7 @@ def test_export_writes_every_file_and_the_manifest_verifies(live_stack: Any, tmp
 
 
 def test_scenario_windows_resolve(live_stack: Any) -> None:
-    events = [json.loads(x) for x in (live_stack.records / "scenarios.jsonl").read_text().splitlines()]
+    events = announcements(live_stack.records / "scenarios.jsonl")
     i = next(i for i, e in enumerate(events) if e["scenario"] == "short-c8" and e["round"] == 2 and e["engines"] == ["vllm"])
     start, end = events[i]["unix"], events[i + 1]["unix"]
     from_records = parse_window("scenario:short-c8#2", records=live_stack.records)

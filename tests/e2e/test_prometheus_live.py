@@ -10,6 +10,8 @@ import pytest
 
 from dashboards.catalogue import PANELS, ROUND_ANNOTATIONS, expand
 
+from tests.helpers import announcements
+
 
 def _has_data(series: list[dict]) -> bool:
     return any(not math.isnan(float(v)) for s in series for _, v in s["values"])
@@ -79,7 +81,7 @@ def test_round_annotations_mark_each_round(live_stack, name: str) -> None:
     series = live_stack.query_range(expr)
     marks = {(s["metric"]["engine"], s["metric"]["scenario"], s["metric"]["round"]):
              {float(v) / 1000 for _, v in s["values"]} for s in series}
-    events = [json.loads(x) for x in (live_stack.records / "scenarios.jsonl").read_text().splitlines()]
+    events = announcements(live_stack.records / "scenarios.jsonl")
     rounds = {(e["engines"][0], e["scenario"], str(e["round"])) for e in events if e["scenario"]}
     assert rounds and rounds <= set(marks), rounds - set(marks)  # short rounds included
     for key in rounds:
@@ -91,7 +93,7 @@ def test_round_annotations_mark_each_round(live_stack, name: str) -> None:
 def test_scenario_windows_are_exported(live_stack) -> None:
     series = live_stack.query_range("llmbench_scenario_info")
     got = {(s["metric"]["engine"], s["metric"]["scenario"], s["metric"]["round"]) for s in series}
-    events = [json.loads(x) for x in (live_stack.records / "scenarios.jsonl").read_text().splitlines()]
+    events = announcements(live_stack.records / "scenarios.jsonl")
     long_rounds = {(e["engines"][0], e["scenario"], str(e["round"])) for e, nxt in zip(events, events[1:])
                    if e["scenario"] and nxt["unix"] - e["unix"] >= 10}  # two scrape intervals or more
     assert {e for e, _, _ in long_rounds} == {"vllm", "sglang"}
