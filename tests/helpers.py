@@ -148,7 +148,7 @@ def require_prometheus() -> None:
                      "LLMBENCH_REQUIRE_PROMETHEUS")
 
 
-SCENARIOS = ["short-c2", "short-c8"]
+SCENARIOS = ["short-c2", "short-c8", "chat-c2"]
 
 
 @dataclass
@@ -210,6 +210,8 @@ def run_live_stack(tmp: Path) -> Iterator[LiveStack]:
             Cell("short-c2", input_tokens=64, output_tokens=32, requests=6, concurrency=2, rounds=1),
             # rounds of 10-14 s each: longer than two scrape intervals, so scenario_info sees them
             Cell("short-c8", input_tokens=256, output_tokens=128, requests=64, concurrency=8, rounds=2),
+            # chat: its answer text gives every board's TTFO (the first answer token) data
+            Cell("chat-c2", input_tokens=32, output_tokens=16, requests=4, concurrency=2, rounds=1, chat=True),
         ])])
         stack = LiveStack(prom, proxy_url, tmp / "records", start, start)
         for engine in ("sglang", "vllm"):
