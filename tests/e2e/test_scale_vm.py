@@ -45,7 +45,9 @@ SCRAPE = "1s"
 STEP = 2.0
 VM_PREFIX = "/vm"
 SECRET = "s3cr3t-bearer-Token-for-the-test"
-PLAN = Plan([Stage("core", [Cell("short-c4", input_tokens=32, output_tokens=64, requests=24, concurrency=4, rounds=2)])])
+# chat: every board query has data, the first answer token's (TTFO) too, made on a chat stream's first answer
+PLAN = Plan([Stage("core", [Cell("short-c4", input_tokens=32, output_tokens=64, requests=24, concurrency=4, rounds=2,
+                                 chat=True)])])
 
 
 def require_victoria_metrics() -> str:
