@@ -73,10 +73,10 @@ class DecodeMetrics:
         self.stalls.labels(engine, scenario)
 
     def histograms(self) -> tuple[Histogram, ...]:
-        """The histograms made at start-up for every timed scenario: every stream has gaps.  The first
-        answer token (chat-like streams) and speculative decoding (few engines) are made per engine
-        when it first gives them (:meth:`exporter.proxy.metrics.ProxyMetrics.first_seen`)."""
-        return (self.itl,)
+        """The histograms made at start-up for every timed scenario: every stream has gaps, and every
+        chat-like one a first answer token.  Speculative decoding (few engines) is made per engine when
+        it first gives it (:meth:`exporter.proxy.metrics.ProxyMetrics.first_seen`)."""
+        return self.itl, self.ttfo
 
     def count(self, engine: str, scenario: str, result: Result) -> None:
         """Any finished request's decode stalls."""

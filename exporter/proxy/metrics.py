@@ -11,12 +11,12 @@ Bucket bounds (seconds) are explicit so that reports can quote them:
 
 Every series of a configured engine and scenario exists from start-up at zero
 (:meth:`ProxyMetrics.initialise`), so windowed deltas also count a scenario's first requests.
-Histograms of what few engines or requests give are the exception that keeps ``/metrics`` small:
-the engine's own clock (queue, prefill, the rest of TTFT: vLLM with
-``--enable-per-request-metrics``), the first answer token (chat-like streams) and speculative
-decoding's acceptance are made at zero for all of an engine's scenarios when that engine first
-gives them (:meth:`ProxyMetrics.first_seen`); a window that starts before that one request misses
-its figure (its count is in the totals from then on).
+Histograms of what few engines give are the exception that keeps ``/metrics`` small: the engine's
+own clock (queue, prefill, the rest of TTFT: vLLM with ``--enable-per-request-metrics``) and
+speculative decoding's acceptance are made at zero for all of an engine's scenarios when that engine
+first gives them (:meth:`ProxyMetrics.first_seen`).  The price: what the engine gives before the next
+scrape after that first request is in the totals from then on, but not in a window's rates (a
+Prometheus series counts from its first sample).
 
 With ``serve --workers N`` the values live in prometheus_client's multiprocess files and the
 supervisor renders them merged (:mod:`exporter.proxy.workers`): counters and histograms add
@@ -352,8 +352,6 @@ class ProxyMetrics:
             self.child(self.e2e, engine, scenario).observe(result.e2e_s)
         if result.engine_timing is not None:
             self._observe_engine_clock(engine, scenario, result)
-        if result.ttfo_s is not None:
-            self.first_seen(engine, "ttfo", (self.decode.ttfo,))
         if result.spec_draft_tokens:
             self.first_seen(engine, "spec", (self.decode.spec_ratio,))
         self.decode.observe(engine, scenario, result)
