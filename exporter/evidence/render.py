@@ -302,7 +302,7 @@ def panel_units(panel: Panel) -> tuple[tuple[float, str], tuple[float, str] | No
     right = _UNIT_SCALE.get(panel.right_unit[0], (1.0, panel.right_unit[0]))
     if panel.unit in _TIME_UNITS and panel.right_unit[0] in _TIME_UNITS:
         return right, right, f"{right[1]}, both axes"
-    return left, right, f"{left[1]} left, {right[1]} right"
+    return left, right, ", ".join(f"{u} {side}" for u, side in ((left[1], "left"), (right[1], "right")) if u)
 
 
 #: A panel title's font; one too long for its cell shrinks, then loses its mark's ": see ..." tail.

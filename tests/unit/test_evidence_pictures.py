@@ -192,3 +192,12 @@ def test_compare_every_cell_shows_in_the_tables_units() -> None:
     assert [p.get_height() for p in fig.axes[0].patches] == pytest.approx([100.0, 87.5])
     assert fig.axes[0].get_ylabel() == "%" and [t.get_text() for t in fig.axes[0].texts] == ["100.0%", "87.5%"]
     plt.close(fig)
+
+
+def test_a_two_axis_title_names_only_the_units_it_has() -> None:
+    """Counts on both axes (decode stalls per second beside requests) have no unit to name: the
+    title says none, not "( left,  right)"."""
+    from exporter.evidence.render import panel_title
+
+    assert panel_title(PANELS["decode_stalls"]) == PANELS["decode_stalls"].title
+    assert panel_title(PANELS["proxy_timing_error"]).endswith("(ms, both axes)")
