@@ -71,6 +71,7 @@ from exporter.harness.stack import (  # noqa: E402
     exporter_argv,
     free_port,
     render_prometheus_config,
+    scrapes_since,
     start_prometheus,
     wait_for_scrapes,
     wait_http,
@@ -323,21 +324,6 @@ async def drive(site: Site, seconds: float, rate: float) -> list[Sent]:
 # -- what the stores hold ----------------------------------------------------------------------------------
 
 
-def scrapes_after(api: Prometheus, instance: str, since: float, n: int, timeout_s: float = 90.0) -> float:
-    """The time of the ``n``-th scrape of ``instance`` that began after ``since`` (a scrape's samples carry
-    its start: what was counted before ``since`` is in it)."""
-    deadline = time.monotonic() + timeout_s
-    stamps: list[float] = []
-    while time.monotonic() < deadline:
-        window = max(60, int(time.time() - since) + 60)
-        series = api.query(f'up{{instance="{instance}", {MIXIN.job_selector}}}[{window}s]')
-        stamps = sorted(float(t) for s in series for t, v in s.get("values", []) if float(t) > since and v == "1")
-        if len(stamps) >= n:
-            return stamps[n - 1]
-        time.sleep(0.2)
-    raise TimeoutError(f"{len(stamps)} of {n} scrapes of {instance} after {since:.3f} within {timeout_s:.0f} s")
-
-
 Key = tuple[str, str, str]  # engine, outcome, reason
 
 
@@ -455,9 +441,8 @@ def main() -> int:
         sent = asyncio.run(drive(site, args.seconds, args.rate))
         load_s = time.monotonic() - t_load
         done = time.time()
-        prom = Prometheus(site.prom_url)
         # two complete scrapes of every proxy that began after the last answer: the window ends on the later
-        end = math.ceil(max(scrapes_after(prom, p.instance, done, 2) for p in site.pods))
+        end = math.ceil(max(scrapes_since(site.prom_url, p.instance, done, 2, timeout_s=90.0) for p in site.pods))
         time.sleep(max(0.0, end + 1.5 - time.time()))  # VictoriaMetrics hides the newest second
         return report(site, sent, start, end, load_s)
     finally:

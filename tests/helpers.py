@@ -14,7 +14,6 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -24,7 +23,7 @@ from aiohttp import web
 from exporter.evidence.promapi import Prometheus
 from exporter.harness.load import Cell, Driver, Plan, Stage
 from exporter.harness.sim import FAULTS
-from exporter.harness.stack import Child, LocalStack, wait_http
+from exporter.harness.stack import Child, LocalStack, scrapes_since, wait_http
 from exporter.proxy.config import Config, validate
 from exporter.proxy.engines import PROBE_USER_AGENT
 
@@ -248,39 +247,6 @@ def just_after_a_scrape(prom_url: str, instance: str, timeout_s: float = 30.0) -
             return now
         time.sleep(0.05)
     raise TimeoutError(f"no new scrape of {instance} within {timeout_s:.0f} s")
-
-
-def scrapes_since(prom_url: str, instance: str, since: float, n: int = 1, rules: bool = False,
-                  timeout_s: float = 60.0) -> float:
-    """Wait until ``prom_url`` (Prometheus or VictoriaMetrics) holds ``n`` scrapes of ``instance``
-    that started after ``since`` (unix seconds) and, with ``rules``, every rule group there has
-    been evaluated after the last of them; return that scrape's timestamp.  A scrape's samples
-    carry its start, so its counters were read after ``since``: what happened before is in."""
-    prom = Prometheus(prom_url)
-    deadline = time.monotonic() + timeout_s
-    stamps: list[float] = []
-    while time.monotonic() < deadline:
-        window = max(60, int(time.time() - since) + 60)
-        series = prom.query(f'up{{instance="{instance}"}}[{window}s]')
-        stamps = sorted(float(t) for s in series for t, _ in s.get("values", []) if float(t) > since)
-        if len(stamps) >= n and (not rules or rules_evaluated_after(prom_url, stamps[n - 1])):
-            return stamps[n - 1]
-        time.sleep(0.1)
-    raise TimeoutError(f"{len(stamps)} of {n} scrapes of {instance} after {since:.3f}"
-                       f"{' and the rules evaluated after them' if rules else ''} within {timeout_s:.0f} s")
-
-
-def rules_evaluated_after(prom_url: str, at: float) -> bool:
-    """Every rule group of the Prometheus at ``prom_url`` has been evaluated after ``at``."""
-    import requests
-
-    groups = requests.get(f"{prom_url}/api/v1/rules", timeout=10).json()["data"]["groups"]
-
-    def unix(stamp: str) -> float:  # RFC 3339 with nanoseconds; fromisoformat takes microseconds
-        head, _, frac = stamp.rstrip("Z").partition(".")
-        return datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp() + float(f"0.{frac or 0}")
-
-    return bool(groups) and all(unix(g["lastEvaluation"]) > at for g in groups)
 
 
 def start_prometheus_on_port_0(config: Path, data_dir: Path, log_dir: Path) -> tuple[Child, str]:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,7 +21,7 @@ import requests
 import yaml
 
 __all__ = ["REPO_FILES", "ENGINES", "free_port", "Child", "LocalStack", "render_prometheus_config", "wait_http",
-           "start_prometheus", "wait_for_scrapes"]
+           "start_prometheus", "wait_for_scrapes", "scrapes_since", "rules_evaluated_after"]
 
 #: prometheus/ and dashboards/ next to the package (a source checkout or an editable install).
 REPO_FILES = Path(__file__).resolve().parents[2]
@@ -144,6 +145,39 @@ def wait_for_scrapes(prom_url: str, targets: int, timeout_s: float = 60.0) -> No
             pass
         time.sleep(0.5)
     raise TimeoutError(f"Prometheus at {prom_url} did not scrape {targets} targets within {timeout_s:.0f} s")
+
+
+def scrapes_since(prom_url: str, instance: str, since: float, n: int = 1, rules: bool = False,
+                  timeout_s: float = 60.0) -> float:
+    """Wait until ``prom_url`` (Prometheus or VictoriaMetrics) holds ``n`` scrapes of ``instance``
+    that started after ``since`` (unix seconds) and succeeded (``up`` 1), and, with ``rules``, every rule group there has
+    been evaluated after the last of them; return that scrape's timestamp.  A scrape's samples
+    carry its start, so its counters were read after ``since``: what happened before is in."""
+    from exporter.evidence.promapi import Prometheus
+
+    prom = Prometheus(prom_url)
+    deadline = time.monotonic() + timeout_s
+    stamps: list[float] = []
+    while time.monotonic() < deadline:
+        window = max(60, int(time.time() - since) + 60)
+        series = prom.query(f'up{{instance="{instance}"}}[{window}s]')
+        stamps = sorted(float(t) for s in series for t, v in s.get("values", []) if float(t) > since and v == "1")
+        if len(stamps) >= n and (not rules or rules_evaluated_after(prom_url, stamps[n - 1])):
+            return stamps[n - 1]
+        time.sleep(0.1)
+    raise TimeoutError(f"{len(stamps)} of {n} scrapes of {instance} after {since:.3f}"
+                       f"{' and the rules evaluated after them' if rules else ''} within {timeout_s:.0f} s")
+
+
+def rules_evaluated_after(prom_url: str, at: float) -> bool:
+    """Every rule group of the Prometheus at ``prom_url`` has been evaluated after ``at``."""
+    groups = requests.get(f"{prom_url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+
+    def unix(stamp: str) -> float:  # RFC 3339 with nanoseconds; fromisoformat takes microseconds
+        head, _, frac = stamp.rstrip("Z").partition(".")
+        return datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp() + float(f"0.{frac or 0}")
+
+    return bool(groups) and all(unix(g["lastEvaluation"]) > at for g in groups)
 
 
 ENGINES = ("sglang", "vllm")
