@@ -33,6 +33,7 @@ __all__ = [
     "loads_exact",
     "low_point",
     "nesting_depth_exceeds",
+    "loads_quick",
     "safe_cut",
     "structure_marks",
 ]
@@ -154,6 +155,14 @@ def loads_exact(data: bytes, max_depth: int = MAX_DEPTH, errors: str = "strict")
         return json.loads(data.decode("utf-8", errors))
     except RecursionError as exc:  # not reached below MAX_DEPTH; kept so no input can escape
         raise ValueError("JSON nested too deep") from exc
+
+
+def loads_quick(data: bytes) -> Any:
+    """orjson's reading, no fallback: ValueError where orjson refuses the document or is not
+    installed.  The caller decides whether orjson's reading is the meaning (:func:`loads`)."""
+    if _orjson is None:
+        raise ValueError("orjson is not installed")
+    return _orjson.loads(data)  # orjson.JSONDecodeError is a ValueError
 
 
 def loads(data: bytes, max_depth: int = MAX_DEPTH) -> Any:

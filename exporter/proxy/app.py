@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -58,14 +58,30 @@ def quiet_bad_requests() -> None:
             logger.addFilter(_OneLineBadRequests())
 
 
+#: what the proxy serves of each engine (measured: POST; passed through: GET)
+MEASURED_PATHS = ("v1/completions", "v1/chat/completions", "v1/responses", "v1/messages", "v1/embeddings", "v1/rerank")
+PASSED_PATHS = ("v1/models", "health")
+
+
+def _engine_route(name: str, path: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The handler of one configured engine's route: a plain path, found by the router's index
+    at once (the pattern route below it answers unknown engines)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _engine_request(request, name, path)
+    return handler
+
+
 async def _engine_handler(request: web.Request) -> web.StreamResponse:
+    return await _engine_request(request, request.match_info["engine"], request.match_info["path"])
+
+
+async def _engine_request(request: web.Request, name: str, path: str) -> web.StreamResponse:
     state = request.app[STATE]
-    engine = state.config.engine(request.match_info["engine"])
+    engine = state.config.engine(name)
     if engine is None:
         return json_error(404, "unknown engine", "not_found")
     if state.draining:  # SIGTERM: nothing new is sent upstream
         return refuse(state.metrics, engine.name)
-    path = request.match_info["path"]
     if request.method == "GET":
         return await _passthrough(state, request, engine, path)
     return await Exchange(state, request, engine, path).run()
@@ -216,7 +232,11 @@ def create_app(config: Config, registry: CollectorRegistry | None = None, worker
     app.router.add_post("/-/scenario", scenario_handler)
     app.router.add_get("/-/scenarios", scenarios_handler)
     app.router.add_get("/-/engines", _engines)
-    app.router.add_post(r"/{engine}/{path:v1/completions|v1/chat/completions|v1/responses|v1/messages|"
-                        r"v1/embeddings|v1/rerank}", _engine_handler)
-    app.router.add_get(r"/{engine}/{path:v1/models|health}", _engine_handler)
+    for engine in config.engines:
+        for path in MEASURED_PATHS:
+            app.router.add_post(f"/{engine.name}/{path}", _engine_route(engine.name, path))
+        for path in PASSED_PATHS:
+            app.router.add_get(f"/{engine.name}/{path}", _engine_route(engine.name, path))
+    app.router.add_post(r"/{engine}/{path:" + "|".join(MEASURED_PATHS) + "}", _engine_handler)
+    app.router.add_get(r"/{engine}/{path:" + "|".join(PASSED_PATHS) + "}", _engine_handler)
     return app

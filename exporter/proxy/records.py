@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 __all__ = ["JsonlWriter", "Capture", "write_capture", "read_capture", "CAPTURE_FORMAT"]
 
@@ -28,9 +31,36 @@ CAPTURE_FORMAT = "llmbench-capture/1"
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
+def _nonfinite(values: Any) -> bool:
+    """A NaN or an infinity among ``values`` (a dict's values, a list), at any depth."""
+    for v in values:
+        t = type(v)
+        if t is float:
+            if not math.isfinite(v):
+                return True
+        elif t is dict:
+            if _nonfinite(v.values()):
+                return True
+        elif t is list or t is tuple:
+            if _nonfinite(v):
+                return True
+        elif isinstance(v, float) and not math.isfinite(v):
+            return True
+    return False
+
+
 def _dumps(record: dict[str, Any]) -> bytes:
-    """One compact JSON line; NaN and infinities are refused (they are not JSON)."""
-    return _encode(record).encode("utf-8")
+    """One compact JSON line; NaN and infinities are refused (they are not JSON).
+
+    orjson where it can (a tenth of the standard library's time per record; it would write NaN
+    as ``null``, so those are looked for first), the standard library for what orjson refuses
+    (an integer over 64 bits, a key that is not a string)."""
+    if _nonfinite(record.values()):
+        raise ValueError("Out of range float values are not JSON compliant")
+    try:
+        return orjson.dumps(record)
+    except TypeError:
+        return _encode(record).encode("utf-8")
 
 
 class JsonlWriter:

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.core import jsondepth, request
+from exporter.core import jsondepth, members, request
 from exporter.core.jsondepth import low_point, nesting_depth_exceeds
-from exporter.core.request import MAX_MODEL_CHARS, WANTED, RequestSpec, top_level_members
+from exporter.core.request import MAX_MODEL_CHARS, WANTED, RequestSpec, scanned_members, top_level_members
 
 TUNINGS: dict[str, dict[str, int]] = {
     "default": {},
@@ -33,14 +33,14 @@ TUNINGS: dict[str, dict[str, int]] = {
 
 @contextmanager
 def tuned(name: str) -> Iterator[None]:
-    saved = {k: getattr(request, k) for k in TUNINGS[name]}
+    saved = {k: getattr(members, k) for k in TUNINGS[name]}
     for k, v in TUNINGS[name].items():
-        setattr(request, k, v)
+        setattr(members, k, v)
     try:
         yield
     finally:
         for k, v in saved.items():
-            setattr(request, k, v)
+            setattr(members, k, v)
 
 
 _RUNS = st.builds(lambda k, tail: "\\" * k + tail, st.integers(0, 80), st.sampled_from(['"', "", "a", "[", "}"]))
@@ -65,9 +65,12 @@ def _spelled(doc: dict, style: int) -> bytes:
 @settings(max_examples=50, deadline=None)
 @given(doc=st.dictionaries(_KEYS, _VALUES, max_size=8), style=st.integers(0, 3))
 def test_scan_equals_full_parse(tuning: str, doc: dict, style: int) -> None:
+    """The scan, and the whole parse that small bodies get, both read what ``json.loads`` reads."""
     body = _spelled(doc, style)
+    expected = {k: v for k, v in json.loads(body).items() if k in WANTED}
     with tuned(tuning):
-        assert top_level_members(body) == {k: v for k, v in json.loads(body).items() if k in WANTED}
+        assert scanned_members(body) == expected
+        assert top_level_members(body) == expected
 
 
 @pytest.mark.parametrize("tuning", TUNINGS)
@@ -80,8 +83,8 @@ def test_broken_bodies_never_raise(tuning: str, doc: dict, cuts: list[int], byte
         body[cut % len(body)] = b
     with tuned(tuning):
         for broken in (bytes(body), bytes(body[:cuts[0] % len(body)] if cuts else body[:-1])):
-            members = top_level_members(broken)
-            assert members is None or set(members) <= WANTED
+            for got in (top_level_members(broken), scanned_members(broken)):
+                assert got is None or set(got) <= WANTED
             assert isinstance(RequestSpec.from_body(broken), RequestSpec)
 
 
@@ -115,6 +118,31 @@ def test_big_integers_the_same_with_and_without_orjson(monkeypatch: pytest.Monke
     assert RequestSpec.from_body(body) == fast == RequestSpec(stream=True, expected_tokens=1 << 64)
 
 
+def test_small_body_is_parsed_whole_unless_orjson_could_misread_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small valid body is one orjson parse, not a scan; a wanted integer over 64 bits (orjson
+    reads a float), NaN or a lone surrogate (orjson refuses them) go to the scan, which reads
+    them as json.loads does."""
+    scans: list[bytes] = []
+    real = request.scanned_members
+
+    def counting(body: bytes, skip: frozenset[str] = frozenset()) -> object:
+        scans.append(body)
+        return real(body, skip)
+
+    monkeypatch.setattr(request, "scanned_members", counting)
+    small = b'{"model":"m","prompt":"hi","stream":true,"max_tokens":8,"temperature":0.5}'
+    assert RequestSpec.from_body(small) == RequestSpec(stream=True, model="m")
+    assert scans == []
+    for body, spec in [
+        (b'{"ignore_eos":true,"max_tokens":18446744073709551616,"stream":true}',
+         RequestSpec(stream=True, expected_tokens=1 << 64)),
+        (b'{"stream":true,"temperature":NaN,"model":"m"}', RequestSpec(stream=True, model="m")),
+        (b'{"stream":true,"model":"\\ud800"}', RequestSpec(stream=True, model="\ud800")),
+    ]:
+        assert RequestSpec.from_body(body) == spec
+        assert scans[-1] == body
+
+
 def test_large_body_is_scanned_not_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A long prompt is skipped by the scan: no full parse of the body happens."""
     calls: list[int] = []
@@ -124,7 +152,7 @@ def test_large_body_is_scanned_not_parsed(monkeypatch: pytest.MonkeyPatch) -> No
         calls.append(len(data))
         return real(data, *a, **kw)
 
-    monkeypatch.setattr("exporter.core.request.loads_exact", counting)
+    monkeypatch.setattr("exporter.core.members.loads_exact", counting)
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": 'x"\\' * 40_000}] * 20,
                        "stream": True}).encode()
     assert RequestSpec.from_body(body) == RequestSpec(stream=True, model="m")

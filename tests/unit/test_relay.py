@@ -5,8 +5,10 @@ once, and a request path that never polls."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -181,3 +183,92 @@ def test_the_request_path_never_polls() -> None:
         source, name = path.read_text(), path.name
         assert "asyncio.sleep(" not in source and "time.sleep(" not in source, name
         assert "call_later(" not in source, name
+
+
+# -- what the client receives in how many transmissions: the response's head leaves with the reads
+# that came with it (exporter/proxy/wire/clientsock.py's ``cork``), as nginx sends a head with its
+# first body bytes.  Counted by the client's kernel (``TCP_INFO``'s ``tcpi_data_segs_in``): on
+# loopback one transmission is one segment.
+
+#: ``struct tcp_info`` up to ``tcpi_data_segs_in`` (Linux 4.6): 8 bytes of u8 fields, 24 u32s, 4 u64s,
+#: then segs_out, segs_in, notsent_bytes, min_rtt, data_segs_in
+_TCP_INFO = struct.Struct("8x24I4Q5I")
+WHOLE = STREAM[0] + b"".join(_chunk(p) for p in STREAM[1:]) + b"0\r\n\r\n"
+
+
+def data_segments_in(sock: socket.socket) -> int:
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    if len(raw) < _TCP_INFO.size:
+        pytest.skip("this kernel's tcp_info has no tcpi_data_segs_in")
+    return int(_TCP_INFO.unpack_from(raw)[-1])
+
+
+class WholeAnswerAtOnce(ThreadEngine):
+    def serve(self, conn: socket.socket, n: int) -> bool:
+        conn.sendall(WHOLE)
+        return True
+
+
+class FirstTextWithTheHead(ThreadEngine):
+    """The head and the first text in one write; the rest once the client has the first text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def serve(self, conn: socket.socket, n: int) -> bool:
+        conn.sendall(STREAM[0] + _chunk(STREAM[1]))
+        self.go.wait(10)
+        conn.sendall(b"".join(_chunk(p) for p in STREAM[2:]) + b"0\r\n\r\n")
+        return True
+
+
+async def _send(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = json.dumps({"prompt": "p", "stream": True, "max_tokens": 2}).encode()
+    writer.write(b"POST /vllm/v1/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    await writer.drain()
+    return reader, writer
+
+
+async def _until(reader: asyncio.StreamReader, data: bytes, end: bytes) -> bytes:
+    while not data.endswith(end):
+        part = await asyncio.wait_for(reader.read(65536), 10)
+        assert part, data
+        data += part
+    return data
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CORK"), reason="TCP_CORK is Linux's")
+async def test_an_answer_read_whole_reaches_the_client_in_one_transmission(
+        engine_factory: Any, proxy_factory: Any, tmp_path: Path) -> None:
+    """Head, body and the last chunk: three writes, one segment (the last chunk follows the
+    request's record, so the whole answer leaves then)."""
+    engine = engine_factory(WholeAnswerAtOnce)
+    client = await proxy_factory(engine.port)
+    reader, writer = await _send(client.port)
+    data = await _until(reader, b"", b"0\r\n\r\n")
+    assert data.startswith(b"HTTP/1.1 200") and data.endswith(_chunk(STREAM[-1]) + b"0\r\n\r\n")
+    assert data_segments_in(writer.get_extra_info("socket")) == 1
+    (record,) = await wait_for_records(tmp_path, 1)
+    assert record["outcome"] == "success"
+    writer.close()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CORK"), reason="TCP_CORK is Linux's")
+async def test_the_head_leaves_with_the_first_text_that_came_with_it(
+        engine_factory: Any, proxy_factory: Any, tmp_path: Path) -> None:
+    """The client's first segment holds the head and the first text; the rest follows apart."""
+    engine = engine_factory(FirstTextWithTheHead)
+    client = await proxy_factory(engine.port)
+    reader, writer = await _send(client.port)
+    first = await _until(reader, b"", _chunk(STREAM[1]))
+    sock = writer.get_extra_info("socket")
+    assert first.startswith(b"HTTP/1.1 200") and data_segments_in(sock) == 1
+    engine.go.set()
+    await _until(reader, first, b"0\r\n\r\n")
+    assert data_segments_in(sock) >= 2
+    (record,) = await wait_for_records(tmp_path, 1)
+    assert record["outcome"] == "success" and record["completion_tokens"] == 2
+    writer.close()

@@ -15,6 +15,11 @@ per read.
 kernel's tick) how long ago the client's last data came: a request that waited unseen in the
 socket's receive queue while the loop was busy elsewhere shows it, where the handler's own clock
 starts only when aiohttp parsed it.  One ``getsockopt`` per request.
+
+:func:`cork` holds the client's partial segments (``TCP_CORK``) while the response's head and the
+reads that came with it are written, so that they leave in one transmission: on loopback a
+transmission is the costly part of a write (the receiver's TCP processing and its wake-up run in
+the sender's system call), and an answer whose first text came with its head otherwise costs two.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import socket
 import struct
 import time
 
-__all__ = ["SEND_BUFFER", "HIGH_WATER", "LOW_WATER", "limit_unsent", "received_at"]
+__all__ = ["SEND_BUFFER", "HIGH_WATER", "LOW_WATER", "limit_unsent", "received_at", "cork"]
 
 #: the send buffer asked of the kernel for a streaming client's socket (it keeps twice this)
 SEND_BUFFER = 8 << 10
@@ -71,3 +76,20 @@ def received_at(transport: asyncio.BaseTransport | None) -> float | None:
         return None
     since_ms: int = _TCP_INFO.unpack_from(raw)[11]
     return time.time() - since_ms / 1000.0
+
+
+_CORK_OPT: int | None = getattr(socket, "TCP_CORK", None)
+
+
+def cork(transport: asyncio.BaseTransport | None, on: bool) -> bool:
+    """Hold (``on``) or send (not ``on``) the partial segments written to ``transport``'s client
+    (Linux ``TCP_CORK``; the kernel sends them anyway after 200 ms); False where the platform or
+    the socket does not have it."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if _CORK_OPT is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _CORK_OPT, 1 if on else 0)
+    except OSError:
+        return False
+    return True

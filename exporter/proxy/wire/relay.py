@@ -47,7 +47,7 @@ from exporter.core.content import is_event_stream
 from exporter.core.usage import UsageEventFilter
 
 from .answer import Response
-from .clientsock import limit_unsent
+from .clientsock import cork, limit_unsent
 from .upstream import HOP_BY_HOP, Origin, Pool
 from .writer import client_writing_paused, write_body
 
@@ -137,6 +137,7 @@ class Relay:
         self._chunked = False
         self._upstream: Response | None = None
         self._held_since: float | None = None  # a back-pressure episode's start (unix)
+        self._corked = False  # the client's socket holds partial segments (clientsock.cork)
 
     # -- the request's coroutine --------------------------------------------------------------
 
@@ -185,8 +186,9 @@ class Relay:
         for data, stamp in upstream.take_pending():  # came with the head, or while it went out
             self.on_data(data, stamp)
         if upstream.exception() is not None or upstream.is_eof():
-            self.end(upstream.exception(), upstream.end_stamp or time.time())
+            self.end(upstream.exception(), upstream.end_stamp or time.time())  # the end leaves with the rest
         else:
+            self._uncork()  # the head and what came with it leave together
             upstream.attach(self)
             self._arm(loop)
         try:
@@ -215,6 +217,7 @@ class Relay:
         # the request's record is written (a Content-Length body would end with its last byte).
         resp.headers["X-LLMBench-Request-Id"] = self.request_id
         self.response = resp
+        self._corked = cork(self.request.transport, True)  # the head waits for the reads that came with it
         try:
             writer = await resp.prepare(self.request)
         except ConnectionError as exc:
@@ -224,7 +227,7 @@ class Relay:
             raise ClientGone()
         if streaming:
             limit_unsent(client)  # a slow reader's bytes wait where pause_writing sees them
-        writer.send_headers()  # internals.py: the head goes out now
+        writer.send_headers()  # writer.py: the head is on the transport now
         self._writer, self._client = writer, client
         self._chunked = bool(getattr(writer, "chunked", False))
 
@@ -341,3 +344,10 @@ class Relay:
             await resp.write_eof(self.filter.flush() if self.filter is not None else b"")
         except ConnectionError:
             pass
+        finally:
+            self._uncork()
+
+    def _uncork(self) -> None:
+        if self._corked:
+            self._corked = False
+            cork(self.request.transport, False)

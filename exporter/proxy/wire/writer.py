@@ -9,7 +9,9 @@ test red instead of breaking the proxy at run time.
 * :func:`write_body`: after ``StreamResponse.prepare()`` and ``StreamWriter.send_headers()``,
   the relay writes body bytes straight to the client's transport, in HTTP/1.1 chunk framing when
   the writer's ``chunked`` is set, and ends the body with ``StreamResponse.write_eof(rest)``.
-  Relied on: ``send_headers()`` writes the buffered head to the transport at once; ``chunked``
+  Relied on: ``send_headers()`` writes the buffered head to the transport at once (where
+  ``prepare()`` has not already: the relay corks the client's socket before ``prepare()``, so
+  the head leaves with the reads that came with it, :func:`exporter.proxy.wire.clientsock.cork`); ``chunked``
   says whether the writer frames the body; ``write_eof`` writes ``rest`` as one chunk and then
   the last chunk (``0\\r\\n\\r\\n``), whatever went to the transport beneath it.  Why: the
   writer's ``write`` coroutine is a layer (its own framing, size accounting, a drain check) on
