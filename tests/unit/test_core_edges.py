@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.core.analysis import RequestSpec, analyze_bytes
+from exporter.core.timefmt import iso
 from exporter.core.usage import UsageEventFilter, inject_usage
 
 USAGE_64 = b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}'  # 64 bytes
@@ -95,3 +99,15 @@ def test_lone_surrogates_read_as_json_loads_reads_them() -> None:
     body = b'{"stream":true,"model":"a\xed\xa0\x80"}'  # a UTF-8-encoded lone surrogate
     assert json.loads(body)["model"] == "a\ud800"
     assert RequestSpec.from_body(body) == RequestSpec(stream=True, model="a\ud800")
+
+
+@settings(max_examples=300, deadline=None)
+@given(times=st.lists(st.one_of(st.floats(min_value=0, max_value=4e9),
+                                st.integers(0, 4_000_000_000).map(float),
+                                st.integers(0, 4_000_000_000).map(lambda s: s - 1e-7)), min_size=1, max_size=6))
+def test_iso_spells_every_time_as_strftime_does_whatever_came_before(times: list[float]) -> None:
+    """The record's time strings: the last second's spelling is kept, never a stale one."""
+    for t in times:
+        whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+        assert iso(t) == whole + "Z"
+        assert iso(t, ms=True) == f"{whole}.{int(t % 1 * 1000):03d}Z"

@@ -5,6 +5,7 @@ once, and a request path that never polls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -72,7 +73,7 @@ class ThreadEngine:
             self.threads.append(t)
 
     def _conn(self, conn: socket.socket) -> None:
-        with conn:
+        with conn, contextlib.suppress(ConnectionResetError):  # the proxy closed its pooled connection
             while head := _read_request(conn):
                 if not head.startswith(b"POST"):  # the proxy's warm-up and engine probes
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")

@@ -8,8 +8,8 @@ transport never fills, its protocol never hears ``pause_writing``.  So a streami
 socket gets a small fixed send buffer (``SO_SNDBUF``; the kernel doubles it for its own
 bookkeeping) and its transport a small high-water mark: beyond some 40 KiB that the client has not
 taken, the relay sees back-pressure (:mod:`exporter.proxy.wire.relay`).  An SSE stream's pace (tens of
-KB/s) leaves that room unused for any client that keeps up.  One ``setsockopt`` per request, none
-per read.
+KB/s) leaves that room unused for any client that keeps up.  One ``setsockopt`` per connection,
+none per read.
 
 :func:`received_at` asks the kernel (``TCP_INFO``'s ``tcpi_last_data_recv``, in milliseconds of the
 kernel's tick) how long ago the client's last data came: a request that waited unseen in the
@@ -28,6 +28,7 @@ import asyncio
 import socket
 import struct
 import time
+import weakref
 
 __all__ = ["SEND_BUFFER", "HIGH_WATER", "LOW_WATER", "limit_unsent", "received_at", "cork"]
 
@@ -39,9 +40,20 @@ HIGH_WATER = 16 << 10
 LOW_WATER = 4 << 10
 
 
+#: transports already capped, with what :func:`limit_unsent` said (a keep-alive client's caps hold)
+_CAPPED: weakref.WeakKeyDictionary[asyncio.BaseTransport, bool] = weakref.WeakKeyDictionary()
+
+
 def limit_unsent(transport: asyncio.BaseTransport) -> bool:
     """Cap what the kernel and the transport hold for ``transport``'s client; False where the
-    kernel's part cannot be capped (not TCP), the transport's still is."""
+    kernel's part cannot be capped (not TCP), the transport's still is.  Once per connection."""
+    capped = _CAPPED.get(transport)
+    if capped is None:
+        capped = _CAPPED[transport] = _cap(transport)
+    return capped
+
+
+def _cap(transport: asyncio.BaseTransport) -> bool:
     try:
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)  # type: ignore[attr-defined]
     except (AttributeError, NotImplementedError):  # pragma: no cover - a transport without limits
