@@ -185,10 +185,10 @@ class Relay:
         self._upstream = upstream
         for data, stamp in upstream.take_pending():  # came with the head, or while it went out
             self.on_data(data, stamp)
+        self._uncork()  # the head and what came with it leave together, now
         if upstream.exception() is not None or upstream.is_eof():
-            self.end(upstream.exception(), upstream.end_stamp or time.time())  # the end leaves with the rest
+            self.end(upstream.exception(), upstream.end_stamp or time.time())
         else:
-            self._uncork()  # the head and what came with it leave together
             upstream.attach(self)
             self._arm(loop)
         try:
@@ -344,10 +344,13 @@ class Relay:
             await resp.write_eof(self.filter.flush() if self.filter is not None else b"")
         except ConnectionError:
             pass
-        finally:
-            self._uncork()
 
     def _uncork(self) -> None:
+        """Send what the client's socket held; a first text written while it was held left now."""
         if self._corked:
             self._corked = False
+            now = time.time()
             cork(self.request.transport, False)
+            first = self.analyzer.first_t if self.analyzer is not None else None
+            if self.first_hold_s is not None and first is not None:
+                self.first_hold_s = max(0.0, now - first)
