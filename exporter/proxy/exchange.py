@@ -76,6 +76,7 @@ class Exchange:
     """One proxied request: forwards it through its relay, measures it, records it exactly once."""
 
     def __init__(self, state: ProxyState, request: web.Request, engine: Engine, path: str) -> None:
+        self.arrived = _arrival(request)  # first: no relay means this is its t0 too
         self.state = state
         self.request = request
         self.engine = engine
@@ -88,7 +89,6 @@ class Exchange:
         self.capture: Capture | None = None
         self.refused: web.HTTPException | None = None  # answered before forwarding (413)
         self.usage_injected = False
-        self.arrived = _arrival(request)  # no relay: this is its t0 too
         self.lag_mark = state.loop_lag.mark()
         self.trace: asyncio.Future[Traced] | None = None  # the prompt's hashes (config trace)
 
