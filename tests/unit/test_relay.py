@@ -272,3 +272,33 @@ async def test_the_head_leaves_with_the_first_text_that_came_with_it(
     (record,) = await wait_for_records(tmp_path, 1)
     assert record["outcome"] == "success" and record["completion_tokens"] == 2
     writer.close()
+
+
+class HeadThenTexts(ThreadEngine):
+    """The head alone; the texts once the client has it (a prefill: the head before any text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def serve(self, conn: socket.socket, n: int) -> bool:
+        conn.sendall(STREAM[0])
+        self.go.wait(10)
+        conn.sendall(b"".join(_chunk(p) for p in STREAM[1:]) + b"0\r\n\r\n")
+        return True
+
+
+async def test_a_head_that_came_alone_reaches_the_client_at_once(
+        engine_factory: Any, proxy_factory: Any, tmp_path: Path) -> None:
+    """Nothing holds a head that has no reads with it: the client has it while the engine still
+    holds every text (were it held, this read would wait for them)."""
+    engine = engine_factory(HeadThenTexts)
+    client = await proxy_factory(engine.port)
+    reader, writer = await _send(client.port)
+    head = await _until(reader, b"", b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b'"text"' not in head
+    engine.go.set()
+    await _until(reader, head, b"0\r\n\r\n")
+    (record,) = await wait_for_records(tmp_path, 1)
+    assert record["outcome"] == "success"
+    writer.close()

@@ -65,6 +65,10 @@ class Response:
         """Unix time just before the request's last byte went to the kernel (None: not yet)."""
         return self._conn.request_sent()
 
+    def has_pending(self) -> bool:
+        """Body reads arrived before a sink was attached."""
+        return bool(self._pending)
+
     def take_pending(self) -> list[tuple[bytes, float]]:
         """Body reads that arrived before a sink was attached, with their stamps."""
         pending, self._pending = self._pending, []

@@ -217,7 +217,8 @@ class Relay:
         # the request's record is written (a Content-Length body would end with its last byte).
         resp.headers["X-LLMBench-Request-Id"] = self.request_id
         self.response = resp
-        self._corked = cork(self.request.transport, True)  # the head waits for the reads that came with it
+        if upstream.has_pending():  # the head waits for the reads that came with it
+            self._corked = cork(self.request.transport, True)
         try:
             writer = await resp.prepare(self.request)
         except ConnectionError as exc:
