@@ -19,12 +19,17 @@ QUICK_BYTES = MAX_MEMBER_BYTES
 
 
 def _has_float(value: Any) -> bool:
-    if isinstance(value, float):
-        return True
-    if isinstance(value, dict):
-        return any(_has_float(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_float(v) for v in value)
+    """A float anywhere in ``value`` (walked with a list, not recursion: members nest up to
+    :data:`MAX_DEPTH`)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, float):
+            return True
+        if isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
     return False
 
 

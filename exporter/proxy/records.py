@@ -31,6 +31,11 @@ CAPTURE_FORMAT = "llmbench-capture/1"
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
+#: what the standard library's encoder refuses orjson refuses too (subclasses of dict and list,
+#: dataclasses, datetimes: TypeError, then the standard library's own answer)
+_AS_STDLIB = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
 def _nonfinite(values: Any) -> bool:
     """A NaN or an infinity among ``values`` (a dict's values, a list), at any depth."""
     for v in values:
@@ -58,7 +63,7 @@ def _dumps(record: dict[str, Any]) -> bytes:
     if _nonfinite(record.values()):
         raise ValueError("Out of range float values are not JSON compliant")
     try:
-        return orjson.dumps(record)
+        return orjson.dumps(record, option=_AS_STDLIB)
     except TypeError:
         return _encode(record).encode("utf-8")
 

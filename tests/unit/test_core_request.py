@@ -143,6 +143,14 @@ def test_small_body_is_parsed_whole_unless_orjson_could_misread_it(monkeypatch: 
         assert scans[-1] == body
 
 
+def test_members_nested_to_the_depth_bound_are_read_without_error() -> None:
+    """A wanted member nested 500 deep (under the 512 bound): read, never a RecursionError."""
+    body = b'{"stream":true,"stream_options":' + b"[" * 500 + b"]" * 500 + b"}"
+    assert RequestSpec.from_body(body) == RequestSpec(stream=True)
+    floats = b'{"stream":true,"stream_options":' + b"[" * 500 + b"1.5" + b"]" * 500 + b"}"
+    assert RequestSpec.from_body(floats) == RequestSpec(stream=True)  # the scan's reading
+
+
 def test_large_body_is_scanned_not_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A long prompt is skipped by the scan: no full parse of the body happens."""
     calls: list[int] = []
@@ -159,6 +167,14 @@ def test_large_body_is_scanned_not_parsed(monkeypatch: pytest.MonkeyPatch) -> No
     assert max(calls) < 100
 
 
+def _both(body: bytes) -> dict[str, Any] | None:
+    """The scan's reading (these bodies are for the scan, whatever their size), held equal to
+    what the proxy reads (the whole parse below 64 KiB)."""
+    scanned = scanned_members(body)
+    assert top_level_members(body) == scanned
+    return scanned
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_long_strings_with_escapes_across_scan_windows(seed: int) -> None:
     """Strings full of quotes and backslashes, longer than the scan's first chunks (and than
@@ -169,7 +185,7 @@ def test_long_strings_with_escapes_across_scan_windows(seed: int) -> None:
     doc = {"prompt": text, "stream": True, "model": text[:10], "max_tokens": 5, "ignore_eos": True,
            "messages": [{"content": text[:3000]}, text[-4097:]]}
     body = json.dumps(doc).encode()
-    assert top_level_members(body) == {k: v for k, v in doc.items() if k in WANTED}
+    assert _both(body) == {k: v for k, v in doc.items() if k in WANTED}
     assert RequestSpec.from_body(body) == RequestSpec(stream=True, expected_tokens=5, model=text[:10])
 
 
@@ -181,7 +197,7 @@ def test_long_runs_of_backslashes(tuning: str, run: int) -> None:
     text = "x" * (run % 7) + "\\" * (run // 2) + ('"' if run % 2 else "") + "y\\"
     doc = {"prompt": text, "stream": True, "x": [text, {text: text}], "max_tokens": 9}
     with tuned(tuning):
-        assert top_level_members(json.dumps(doc).encode()) == {"stream": True, "max_tokens": 9}
+        assert _both(json.dumps(doc).encode()) == {"stream": True, "max_tokens": 9}
 
 
 def _tools(count: int, rng: random.Random) -> list[object]:
@@ -200,7 +216,7 @@ def test_wide_containers_are_summed_exactly(seed: int) -> None:
     doc = {"model": "m", "tools": _tools(3000, rng), "stream": True, "messages": [[_tools(300, rng)]] * 3,
            "ignore_eos": True, "max_tokens": 7}
     body = json.dumps(doc, ensure_ascii=bool(seed % 2)).encode()
-    assert top_level_members(body) == {k: v for k, v in doc.items() if k in WANTED}
+    assert _both(body) == {k: v for k, v in doc.items() if k in WANTED}
 
 
 @pytest.mark.parametrize("tuning", ["default", "tiny"])
@@ -216,15 +232,15 @@ def test_many_top_level_members_jump_to_wanted_keys(tuning: str) -> None:
     members[2400] = '"model":"last"'
     body = ("{" + ",".join(members) + "}").encode()
     with tuned(tuning):
-        assert top_level_members(body) == {"model": "last", "stream": True, "max_tokens": 5}
-        assert top_level_members(b"{" + b'"a":1,' * 3000 + b'"b":2}') == {}
+        assert _both(body) == {"model": "last", "stream": True, "max_tokens": 5}
+        assert _both(b"{" + b'"a":1,' * 3000 + b'"b":2}') == {}
 
 
 def test_too_many_places_to_jump_parse_the_body_whole() -> None:
     body = ("{" + ",".join(f'"model{i}":"model"' for i in range(1500)) + ',"stream":true}').encode()
-    assert top_level_members(body) == {"stream": True}
+    assert _both(body) == {"stream": True}
     with tuned("one byte"):
-        assert top_level_members(body) == {"stream": True}
+        assert _both(body) == {"stream": True}
 
 
 def _reference_depth(data: bytes) -> int:

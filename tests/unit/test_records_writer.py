@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import datetime
 import json
 import math
 from pathlib import Path
@@ -41,3 +43,15 @@ def test_nan_and_infinities_are_refused_and_nothing_is_written(tmp_path: Path, b
     writer.write({"id": "y"})
     writer.close()
     assert (tmp_path / "requests.jsonl").read_text() == '{"id":"y"}\n'
+
+
+def test_what_the_standard_library_refuses_is_refused_whatever_the_encoder(tmp_path: Path) -> None:
+    """A NaN inside a dict subclass, a datetime: refused as the standard library's encoder refuses
+    them (ValueError, TypeError), never written as null or a string."""
+    writer = JsonlWriter(tmp_path / "requests.jsonl")
+    with pytest.raises(ValueError):
+        writer.write({"id": "x", "parts": collections.OrderedDict(ttft_s=math.nan)})
+    with pytest.raises(TypeError):
+        writer.write({"id": "x", "at": datetime.datetime(2026, 12, 7)})
+    writer.close()
+    assert (tmp_path / "requests.jsonl").read_text() == ""

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from exporter.proxy.wire import clientsock
+from exporter.proxy.wire import relay as relay_module
 from exporter.proxy.wire.stamped import SO_TIMESTAMPNS
 
 from tests.helpers import wait_for_records
@@ -289,14 +291,23 @@ class HeadThenTexts(ThreadEngine):
 
 
 async def test_a_head_that_came_alone_reaches_the_client_at_once(
-        engine_factory: Any, proxy_factory: Any, tmp_path: Path) -> None:
-    """Nothing holds a head that has no reads with it: the client has it while the engine still
-    holds every text (were it held, this read would wait for them)."""
+        engine_factory: Any, proxy_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing holds a head that has no reads with it: the client's socket is never corked for it
+    (the kernel would send a corked head after 200 ms anyway), and the client has the head while the
+    engine still holds every text."""
+    corked: list[bool] = []
+
+    def cork(transport: Any, on: bool) -> bool:
+        corked.append(on)
+        return clientsock.cork(transport, on)
+
+    monkeypatch.setattr(relay_module, "cork", cork)
     engine = engine_factory(HeadThenTexts)
     client = await proxy_factory(engine.port)
     reader, writer = await _send(client.port)
     head = await _until(reader, b"", b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b'"text"' not in head
+    assert True not in corked
     engine.go.set()
     await _until(reader, head, b"0\r\n\r\n")
     (record,) = await wait_for_records(tmp_path, 1)

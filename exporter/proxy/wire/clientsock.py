@@ -47,9 +47,12 @@ _CAPPED: weakref.WeakKeyDictionary[asyncio.BaseTransport, bool] = weakref.WeakKe
 def limit_unsent(transport: asyncio.BaseTransport) -> bool:
     """Cap what the kernel and the transport hold for ``transport``'s client; False where the
     kernel's part cannot be capped (not TCP), the transport's still is.  Once per connection."""
-    capped = _CAPPED.get(transport)
-    if capped is None:
-        capped = _CAPPED[transport] = _cap(transport)
+    try:
+        capped = _CAPPED.get(transport)
+        if capped is None:
+            capped = _CAPPED[transport] = _cap(transport)
+    except TypeError:  # a transport without weak references (uvloop's TLS one): capped each time
+        return _cap(transport)
     return capped
 
 

@@ -181,11 +181,13 @@ class Relay:
         self.analyzer = self.analyzer_for(self.t0, upstream.status, streaming)
         if upstream.status != 200 or not streaming:
             self.filter = None
-        await self._open_client(upstream, streaming)
-        self._upstream = upstream
-        for data, stamp in upstream.take_pending():  # came with the head, or while it went out
-            self.on_data(data, stamp)
-        self._uncork()  # the head and what came with it leave together, now
+        try:
+            await self._open_client(upstream, streaming)
+            self._upstream = upstream
+            for data, stamp in upstream.take_pending():  # came with the head, or while it went out
+                self.on_data(data, stamp)
+        finally:
+            self._uncork()  # the head and what came with it leave together, now
         if upstream.exception() is not None or upstream.is_eof():
             self.end(upstream.exception(), upstream.end_stamp or time.time())
         else:
