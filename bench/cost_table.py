@@ -1,7 +1,7 @@
 """The proxy's cost table (SPEC 27): CPU microseconds per SSE event for each feature on the request
 path, beside nginx's figure from the same run.
 
-    python bench/cost_table.py [--requests 300] [--rounds 3] [--before DIR]
+    python bench/cost_table.py [--requests 300] [--rounds 3] [--before DIR] [--only FEATURE ...] [--pace-ms MS]
 
 One paced-off upstream (64 events a stream, bench/proxy_overhead.py's), nginx in front of it, and
 one ``serve`` per configuration, each measured in turn, ``--rounds`` times interleaved (the medians
@@ -61,8 +61,12 @@ FEATURES: dict[str, tuple[str, dict[str, str], bool]] = {
 }
 
 
+#: seconds between a stream's events (``--pace-ms``); 0: saturated, the reads of several events merge
+PACE = [0.0]
+
+
 async def _stream(session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes) -> int:
-    async with session.post(url, data=body, headers={"Content-Type": "application/json", "X-Pace": "0",
+    async with session.post(url, data=body, headers={"Content-Type": "application/json", "X-Pace": str(PACE[0]),
                                                      **headers}) as r:
         data = await r.read()
     return data.count(b"data: ")
@@ -161,7 +165,14 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=300, help="requests per configuration and round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before", type=Path, metavar="DIR", help="another source tree's default proxy beside")
+    ap.add_argument("--only", action="append", choices=list(FEATURES), metavar="FEATURE",
+                    help="measure only these configurations (repeatable; default: every one)")
+    ap.add_argument("--pace-ms", type=float, default=0.0,
+                    help="ms between a stream's events (default 0: saturated; paced, each event is a read of its own)")
     args = ap.parse_args()
+    PACE[0] = args.pace_ms / 1000
+    if args.only and "default" not in args.only:
+        args.only.append("default")  # every row is read beside it
     return asyncio.run(_main(args))
 
 
@@ -186,7 +197,7 @@ async def _main(args: argparse.Namespace) -> int:
         trees = [("proxy", None)] + ([("before", args.before)] if args.before else [])
         for tree, where in trees:
             for name, (extra, _, _) in FEATURES.items():
-                if tree == "before" and name != "default":
+                if (tree == "before" and name != "default") or (args.only and name not in args.only):
                     continue
                 port = free_port()
                 cfg = _config(tmp, name, port, up_port, extra.format(tokenizer=tokenizer, sink=sink), tree)
@@ -224,7 +235,8 @@ def _print(cpu: dict[str, list[float]], parts: dict[str, float]) -> None:
         ratio = f"{us / nginx:5.2f}x" if nginx else "    -"
         print(f"{name:<26} {us:>9.2f} {added:>12} {ratio:>9}")
 
-    print(f"CPU µs per SSE event, {CHUNKS} events a stream, 32 streams, median of {len(cpu['default'])} rounds "
+    paced = f"paced {PACE[0] * 1000:g} ms" if PACE[0] else "saturated"
+    print(f"CPU µs per SSE event, {CHUNKS} events a stream ({paced}), 32 streams, median of {len(cpu['default'])} rounds "
           f"(each round: {' / '.join(f'{v:.2f}' for v in cpu['default'])} for default)\n")
     print(f"{'feature':<26} {'µs/event':>9} {'added':>12} {'x nginx':>9}")
     if nginx:

@@ -59,14 +59,6 @@ def _safe_id(value: str | None) -> str | None:
 QUEUED_S = 0.005
 
 
-def _arrival(request: web.Request) -> float:
-    """When the request arrived: the handler's start, or the kernel's receipt of its data where
-    that is clearly earlier (the loop was busy while it waited in the socket's receive queue)."""
-    now = time.time()
-    kernel = received_at(request.transport)
-    return kernel if kernel is not None and kernel < now - QUEUED_S else now
-
-
 def _client_gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
@@ -76,31 +68,33 @@ class Exchange:
     """One proxied request: forwards it through its relay, measures it, records it exactly once."""
 
     def __init__(self, state: ProxyState, request: web.Request, engine: Engine, path: str) -> None:
-        self.arrived = _arrival(request)  # first: no relay means this is its t0 too
+        self.arrived = time.time()  # first: no relay means this is its t0 too (the kernel's, if earlier: _book)
         self.state = state
         self.request = request
         self.engine = engine
         self.path = path
-        self.id = uuid.uuid4().hex
+        # the scenario is the one current at the request's arrival, whenever the rest is booked
+        self._scenario = self._resolve_scenario(request.headers.get("X-Bench-Scenario"))
         self.spec = RequestSpec()
-        self.identity = self._identity()
         self.relay: Relay | None = None  # while it runs: a cancelled request reads how far it got
         self.outcome: Outcome | None = None  # what the relay did, once it ran
         self.capture: Capture | None = None
         self.refused: web.HTTPException | None = None  # answered before forwarding (413)
         self.usage_injected = False
-        self.lag_mark = state.loop_lag.mark()
         self.trace: asyncio.Future[Traced] | None = None  # the prompt's hashes (config trace)
+        self._booked = False  # _book ran: the id, the identity, the loop-lag mark, the arrival counted
+        self.id = ""
+        self.identity: Identity
+        self.lag_mark = 0.0
 
     async def run(self) -> web.StreamResponse:
         state = self.state
-        metrics = state.metrics
-        metrics.child(metrics.arrivals, self.engine.name, self.identity.scenario).inc()
-        gauge = metrics.child(metrics.in_flight, self.engine.name)
-        gauge.inc()
         task = asyncio.current_task()
         if task is not None:
             state.exchanges.add(task)
+        # What the send upstream does not need waits until the request has left (or its end):
+        # the loop runs it as soon as this task first yields, before the engine's answer is read.
+        asyncio.get_running_loop().call_soon(self._book)
         try:
             try:
                 error, detail = await self._guarded()
@@ -111,15 +105,38 @@ class Exchange:
                 self._finish(error, detail)
                 raise
         finally:
-            gauge.dec()
+            self._book()
+            state.metrics.child(state.metrics.in_flight, self.engine.name).dec()
             state.exchanges.discard(task)
         result, pending = self._finish(error, detail)
         if pending is not None:  # shielded: a client that leaves now must not cost the record
             await asyncio.shield(pending)
         return await self._close_client(result)
 
+    def _book(self) -> None:
+        """The request's bookkeeping, once: its id and identity, the loop-lag probe's mark, the
+        arrival and in-flight counts, and the kernel's arrival stamp where the loop was late.
+        None of it is needed to send the request, so it is done after (SPEC 27: the request's
+        hold before ``t0`` is what the proxy adds)."""
+        if self._booked:
+            return
+        self._booked = True
+        state = self.state
+        kernel = received_at(self.request.transport)  # the kernel's figure is absolute: reading it later is the same
+        if kernel is not None and kernel < self.arrived - QUEUED_S:
+            self.arrived = kernel
+        self.id = uuid.uuid4().hex
+        self.identity = self._identity()
+        if self.relay is not None:
+            self.relay.request_id = self.id
+        self.lag_mark = state.loop_lag.mark()
+        metrics = state.metrics
+        metrics.child(metrics.arrivals, self.engine.name, self.identity.scenario).inc()
+        metrics.child(metrics.in_flight, self.engine.name).inc()
+
     def _finish(self, error: str | None, detail: str | None) -> tuple[Result, asyncio.Task[None] | None]:
         """Hand the measurement over; with a capture to write, the record follows it (a task)."""
+        self._book()
         m = self._measure(error, detail)
         return m.result, self.state.finisher.finish(m)
 
@@ -174,21 +191,25 @@ class Exchange:
             return out.done_t if out.done_t is not None else now
         return out.end_t
 
+    def _resolve_scenario(self, header: str | None) -> tuple[str, int | None]:
+        try:
+            found: tuple[str, int | None] = self.state.scenarios.resolve(self.engine.name, header)
+        except Exception:  # a bug of ours must not cost the record: label it "none"
+            log.exception("request to %s: scenario not resolved", self.engine.name)
+            return "none", None
+        return found
+
     def _identity(self) -> Identity:
         """The request's labels from its headers; anything unparseable counts as absent."""
         headers = self.request.headers
-        try:
-            scenario, rnd = self.state.scenarios.resolve(self.engine.name, headers.get("X-Bench-Scenario"))
-        except Exception:  # a bug of ours must not cost the record: label it "none"
-            log.exception("request %s: scenario not resolved", self.id)
-            scenario, rnd = "none", None
+        scenario, rnd = self._scenario
         header_round = headers.get("X-Bench-Round", "").strip()
         if _ROUND.fullmatch(header_round) and int(header_round) <= MAX_ROUND:
             rnd = int(header_round)
         session = _safe_id(headers.get("X-Session-ID")) or _safe_id(headers.get("X-Correlation-ID"))
         return Identity(id=self.id, client_request_id=_safe_id(headers.get("X-Request-Id")),
                         engine=self.engine.name, scenario=scenario, round=rnd, route="/" + self.path,
-                        stream=False, model=None, session_id=session,
+                        stream=self.spec.stream, model=getattr(self.spec, "model", None), session_id=session,
                         turn=None if session is None else self.state.sessions.turn(
                             f"{self.engine.name} {session}", time.monotonic()))  # one engine's session
 
@@ -220,8 +241,8 @@ class Exchange:
 
     def _inspect(self, body: bytes) -> None:
         self.spec = spec = RequestSpec.from_body(body, endpoint_of(self.path))
-        model = getattr(spec, "model", None)
-        self.identity = dataclasses.replace(self.identity, stream=spec.stream, model=model)
+        if self._booked:  # the body came after a yield: the identity was made before its spec
+            self.identity = dataclasses.replace(self.identity, stream=spec.stream, model=getattr(spec, "model", None))
 
     async def _relay(self, body: bytes) -> Outcome:
         state = self.state
@@ -249,6 +270,7 @@ class Exchange:
         return UsageEventFilter(self.state.config.max_event_bytes), bytes(changed)
 
     def _analyzer(self, t0: float, status: int, streaming: bool) -> StreamAnalyzer:
+        self._book()  # the answer's head came: its id goes out in the client's head
         cfg = self.state.config
         return StreamAnalyzer(t0, status, self.spec, streaming=streaming,
                               max_line_bytes=cfg.max_line_bytes, max_event_bytes=cfg.max_event_bytes,

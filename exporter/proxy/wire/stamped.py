@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 
@@ -31,6 +32,22 @@ SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if hasattr(soc
 READ_SIZE = 256 << 10
 _TIME_NS = struct.Struct("@qq")
 _ANC_SPACE = socket.CMSG_SPACE(_TIME_NS.size) if hasattr(socket, "CMSG_SPACE") else 0
+
+
+class _ReadBuffer(threading.local):
+    """One read buffer per thread (a loop's reads never overlap; two loops' threads could).
+
+    ``recvmsg(READ_SIZE)`` makes a new 256 KiB object for every read and shrinks it to the bytes
+    that came: 12 to 19 µs a read of one SSE event on Linux (the allocator's large-block path),
+    against 5 µs for ``recvmsg_into`` a buffer kept for the thread and a copy of what came."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(READ_SIZE)
+        self.view = memoryview(self.buffer)
+        self.into = [self.buffer]
+
+
+_READ = _ReadBuffer()
 
 
 def kernel_stamp(ancdata: list[tuple[int, int, bytes]]) -> float | None:
@@ -110,16 +127,18 @@ class StampedSocket:
         self.loop.remove_writer(self.fd)
 
     def _on_readable(self) -> None:
+        read = _READ
         try:
-            data, ancdata, _, _ = self.sock.recvmsg(READ_SIZE, _ANC_SPACE)
+            size, ancdata, _, _ = self.sock.recvmsg_into(read.into, _ANC_SPACE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._fail(exc)
             return
-        if not data:
+        if not size:
             self._fail(None)
             return
+        data = read.view[:size].tobytes()
         stamp = kernel_stamp(ancdata) if ancdata else None
         if stamp is None:
             self.unstamped += 1

@@ -1,0 +1,91 @@
+"""The request leaves first: what its send does not need (its id, its labels, its counts) is
+done after it went upstream (SPEC 27: the request's hold before ``t0`` is the proxy's)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.proxy import exchange as exchange_module
+from exporter.proxy.wire import upstream as upstream_module
+
+from tests.helpers import OK_BODY, metric_value, read_records, stream_events, wait_for_records
+
+REQ = {"model": "m", "prompt": "hi", "max_tokens": 2, "ignore_eos": True, "stream": True,
+       "stream_options": {"include_usage": True}}
+
+
+def _watch(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What happened, in order: each request's send upstream and its bookkeeping."""
+    seen: list[str] = []
+    send, book = upstream_module._Connection.send, exchange_module.Exchange._book
+
+    def sending(self: Any, data: bytes, head: Any) -> Any:
+        if data.startswith(b"POST /v1/completions "):  # not the engine watch's probes
+            seen.append("send")
+        return send(self, data, head)
+
+    def booking(self: Any) -> None:
+        if not self._booked:
+            seen.append("book")
+        book(self)
+
+    monkeypatch.setattr(upstream_module._Connection, "send", sending)
+    monkeypatch.setattr(exchange_module.Exchange, "_book", booking)
+    return seen
+
+
+async def test_the_request_leaves_before_its_bookkeeping(upstream, proxy_factory, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _watch(monkeypatch)
+    up, server = upstream
+    up.handler = lambda r: stream_events(r, [OK_BODY])
+    client = await proxy_factory(server.port)
+    for n in (1, 2):  # a new upstream connection, then a pooled one
+        resp = await client.post("/vllm/v1/completions", json=REQ, headers={"X-Request-Id": f"r{n}"})
+        assert resp.status == 200 and await resp.read() == OK_BODY
+    # the first waited for its connection (its bookkeeping ran meanwhile); the pooled one left at once
+    assert sorted(seen[:2]) == ["book", "send"] and seen[2:] == ["send", "book"]
+    records = await wait_for_records(tmp_path, 2)
+    assert [r["client_request_id"] for r in records] == ["r1", "r2"]
+    assert all(len(r["id"]) == 32 and r["outcome"] == "success" for r in records)
+    assert resp.headers["X-LLMBench-Request-Id"] == records[1]["id"] != records[0]["id"]
+    assert all((r["model"], r["stream"]) == ("m", True) for r in records)
+    text = await (await client.get("/metrics")).text()
+    assert metric_value(text, "llmbench_arrivals_total", engine="vllm") == 2
+    assert metric_value(text, "llmbench_requests_in_flight", engine="vllm") == 0
+
+
+async def test_a_body_that_comes_after_the_bookkeeping_still_labels_the_record(
+        upstream, proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _watch(monkeypatch)
+    up, server = upstream
+    up.handler = lambda r: stream_events(r, [OK_BODY])
+    client = await proxy_factory(server.port)
+    body = json.dumps({**REQ, "model": "late-model"}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    writer.write(b"POST /vllm/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%b" % (len(body), body[:10]))
+    await writer.drain()
+    # the exchange waits for the rest of the body: its bookkeeping runs meanwhile, counted
+    for _ in range(250):
+        text = await (await client.get("/metrics")).text()
+        if metric_value(text, "llmbench_arrivals_total", engine="vllm") == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert seen == ["book"] and metric_value(text, "llmbench_requests_in_flight", engine="vllm") == 1
+    writer.write(body[10:])
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    await reader.readuntil(b"\r\n0\r\n\r\n")  # the whole body: the request is not cut short
+    writer.close()
+    rec, = await wait_for_records(tmp_path, 1)
+    assert seen == ["book", "send"]
+    assert (rec["model"], rec["stream"], rec["outcome"]) == ("late-model", True, "success")
+    assert f"X-LLMBench-Request-Id: {rec['id']}".encode() in head
+    assert read_records(tmp_path) == [rec]
