@@ -116,7 +116,7 @@ class Exchange:
     def _book(self) -> None:
         """The request's bookkeeping, once: its id and identity, the loop-lag probe's mark, the
         arrival and in-flight counts, and the kernel's arrival stamp where the loop was late.
-        None of it is needed to send the request, so it is done after (SPEC 27: the request's
+        None of it is needed to send the request, so it is done after (the request's
         hold before ``t0`` is what the proxy adds)."""
         if self._booked:
             return
