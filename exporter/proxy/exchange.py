@@ -83,6 +83,7 @@ class Exchange:
         self.usage_injected = False
         self.trace: asyncio.Future[Traced] | None = None  # the prompt's hashes (config trace)
         self._booked = False  # _book ran: the id, the identity, the loop-lag mark, the arrival counted
+        self._counted = False  # the in-flight gauge counts it (its decrement waits for this)
         self.id = ""
         self.identity: Identity
         self.lag_mark = 0.0
@@ -106,7 +107,8 @@ class Exchange:
                 raise
         finally:
             self._book()
-            state.metrics.child(state.metrics.in_flight, self.engine.name).dec()
+            if self._counted:
+                state.metrics.child(state.metrics.in_flight, self.engine.name).dec()
             state.exchanges.discard(task)
         result, pending = self._finish(error, detail)
         if pending is not None:  # shielded: a client that leaves now must not cost the record
@@ -121,18 +123,26 @@ class Exchange:
         if self._booked:
             return
         self._booked = True
-        state = self.state
-        kernel = received_at(self.request.transport)  # the kernel's figure is absolute: reading it later is the same
+        # the kernel's figure is when the client's last data came: read after the send it is the
+        # same unless the client sent more since (a body still coming in while the loop ran)
+        kernel = received_at(self.request.transport)
         if kernel is not None and kernel < self.arrived - QUEUED_S:
             self.arrived = kernel
         self.id = uuid.uuid4().hex
-        self.identity = self._identity()
+        try:
+            self.identity = self._identity()
+        except Exception:  # a bug of ours must not cost the record: its labels say "none"
+            log.exception("request %s: labels not read", self.id)
+            self.identity = Identity(id=self.id, client_request_id=None, engine=self.engine.name, scenario="none",
+                                     round=None, route="/" + self.path, stream=self.spec.stream, model=None)
         if self.relay is not None:
             self.relay.request_id = self.id
+        state = self.state
         self.lag_mark = state.loop_lag.mark()
         metrics = state.metrics
-        metrics.child(metrics.arrivals, self.engine.name, self.identity.scenario).inc()
         metrics.child(metrics.in_flight, self.engine.name).inc()
+        self._counted = True
+        metrics.child(metrics.arrivals, self.engine.name, self.identity.scenario).inc()
 
     def _finish(self, error: str | None, detail: str | None) -> tuple[Result, asyncio.Task[None] | None]:
         """Hand the measurement over; with a capture to write, the record follows it (a task)."""
@@ -232,6 +242,7 @@ class Exchange:
         except Exception as exc:
             error = transport_reason(exc)
             if error is None:  # a bug of ours must not lose the record, nor be the engine's fault
+                self._book()  # the log names the record's id
                 log.exception("request %s failed inside the proxy", self.id)
                 return "proxy_error", f"internal error: {type(exc).__name__}: {exc}"[:300]
             if error == "timeout":
