@@ -61,19 +61,17 @@ FEATURES: dict[str, tuple[str, dict[str, str], bool]] = {
 }
 
 
-#: seconds between a stream's events (``--pace-ms``); 0: saturated, the reads of several events merge
-PACE = [0.0]
-
-
-async def _stream(session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes) -> int:
-    async with session.post(url, data=body, headers={"Content-Type": "application/json", "X-Pace": str(PACE[0]),
+async def _stream(session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes,
+                  pace_s: float) -> int:
+    async with session.post(url, data=body, headers={"Content-Type": "application/json", "X-Pace": str(pace_s),
                                                      **headers}) as r:
         data = await r.read()
     return data.count(b"data: ")
 
 
-async def saturate(url: str, n: int, headers: dict[str, str], usage: bool, conc: int = 32) -> int:
-    """``n`` requests at ``conc`` streams at once; the events the clients received."""
+async def saturate(url: str, n: int, headers: dict[str, str], usage: bool, conc: int = 32, pace_s: float = 0.0) -> int:
+    """``n`` requests at ``conc`` streams at once, ``pace_s`` between a stream's events (0: saturated,
+    the reads of several events merge); the events the clients received."""
     it = iter(range(n))
     counted = [0]
 
@@ -82,7 +80,7 @@ async def saturate(url: str, n: int, headers: dict[str, str], usage: bool, conc:
         body = BODY % ((b"word " * 40).strip(), WITH_USAGE if usage else b"")
         async with aiohttp.ClientSession() as s:
             for _ in it:
-                got = await _stream(s, url, mine, body)  # awaited first: += would read the count before
+                got = await _stream(s, url, mine, body, pace_s)  # awaited first: += would read the count before
                 counted[0] += got
 
     await asyncio.gather(*(worker(w) for w in range(conc)))
@@ -170,7 +168,6 @@ def main() -> int:
     ap.add_argument("--pace-ms", type=float, default=0.0,
                     help="ms between a stream's events (default 0: saturated; paced, each event is a read of its own)")
     args = ap.parse_args()
-    PACE[0] = args.pace_ms / 1000
     if args.only and "default" not in args.only:
         args.only.append("default")  # every row is read beside it
     return asyncio.run(_main(args))
@@ -213,11 +210,11 @@ async def _main(args: argparse.Namespace) -> int:
         for _ in range(args.rounds):  # interleaved: a drift of the machine hits every row alike
             for name, (url, child) in urls.items():
                 _, headers, usage = FEATURES.get(name.replace("before (default)", "default"), FEATURES["default"])
-                await saturate(url, 20, headers, usage)  # warm
+                await saturate(url, 20, headers, usage, pace_s=args.pace_ms / 1000)  # warm
                 before = cpu_of_tree(child.proc.pid)
-                events = await saturate(url, args.requests, headers, usage)
+                events = await saturate(url, args.requests, headers, usage, pace_s=args.pace_ms / 1000)
                 cpu[name].append((cpu_of_tree(child.proc.pid) - before) / max(1, events) * 1e6)
-        _print(cpu, in_process_parts())
+        _print(cpu, in_process_parts(), args.pace_ms)
     finally:
         for c in reversed(children):
             c.stop()
@@ -226,7 +223,7 @@ async def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(cpu: dict[str, list[float]], parts: dict[str, float]) -> None:
+def _print(cpu: dict[str, list[float]], parts: dict[str, float], pace_ms: float) -> None:
     med = {name: statistics.median(v) for name, v in cpu.items()}
     nginx = med.get("nginx")
     base = med["default"]
@@ -235,7 +232,7 @@ def _print(cpu: dict[str, list[float]], parts: dict[str, float]) -> None:
         ratio = f"{us / nginx:5.2f}x" if nginx else "    -"
         print(f"{name:<26} {us:>9.2f} {added:>12} {ratio:>9}")
 
-    paced = f"paced {PACE[0] * 1000:g} ms" if PACE[0] else "saturated"
+    paced = f"paced {pace_ms:g} ms" if pace_ms else "saturated"
     print(f"CPU µs per SSE event, {CHUNKS} events a stream ({paced}), 32 streams, median of {len(cpu['default'])} rounds "
           f"(each round: {' / '.join(f'{v:.2f}' for v in cpu['default'])} for default)\n")
     print(f"{'feature':<26} {'µs/event':>9} {'added':>12} {'x nginx':>9}")
