@@ -27,13 +27,12 @@ from .exposition import metrics_response
 from .gpu import GpuCollector, make_source, poll_forever
 from .metrics import EngineCollector, ProxyInfoCollector
 from .scenario_api import scenario_handler, scenarios_handler
-from .state import CONFIG, STATE, ProxyState, Worker
+from .state import CONFIG, METRICS_SESSION, STATE, ProxyState, Worker
 from .wire.upstream import Pool, origin_of, request_head
 
 __all__ = ["create_app", "CONFIG", "STATE", "ProxyState", "Worker"]
 
 log = logging.getLogger("llmbench.proxy")
-METRICS_SESSION = web.AppKey("metrics_session", aiohttp.ClientSession)
 ENGINE_WATCH = web.AppKey("engine_watch", EngineWatch)
 
 
@@ -107,7 +106,7 @@ async def _passthrough(state: ProxyState, request: web.Request, engine: Engine, 
 async def _metrics_handler(request: web.Request) -> web.Response:
     session = request.app.get(METRICS_SESSION)
     if session is None:  # in-process app (tests, embedding): rendered here, in a thread
-        return await metrics_response(request, request.app[STATE].registry)
+        return await metrics_response(request, request.app[STATE].shown)
     # serve: the supervisor renders every worker's values, in its own process; the format and
     # the compression it chose pass through as they are
     asked: dict[str, str] = {k: v for k in (hdrs.ACCEPT, hdrs.ACCEPT_ENCODING)

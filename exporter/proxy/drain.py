@@ -27,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["SCRAPER_HEADER", "SEEN_S", "READS", "ScrapeLog", "scraper_of", "tracked", "Drained", "drained_handler",
+__all__ = ["SCRAPER_HEADER", "SEEN_S", "READS", "OVERDUE_S", "ScrapeLog", "scraper_of", "tracked", "Drained", "drained_handler",
            "refuse", "stop_gracefully", "drain_workers"]
 
 log = logging.getLogger("llmbench")
@@ -40,6 +40,8 @@ SCRAPER_HEADER = "X-Llmbench-Scraper"
 SEEN_S = 60.0
 #: complete scrapes each of them must make after the last request finished
 READS = 2
+#: a scraper whose next scrape is this late (past its last interval) is no longer waited for by an announcement
+OVERDUE_S = 2.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -57,16 +59,23 @@ class ScrapeLog:
         self.clock = clock
         self.seen: dict[str, float] = {}
         self.reads: dict[str, int] = {}
+        #: per scraper, when its latest complete scrape began, and the time between its last two
+        self.began: dict[str, float] = {}
+        self.interval: dict[str, float] = {}
         self.since: float | None = None
-        self._wake: asyncio.Event | None = None
+        self._wakes: set[asyncio.Event] = set()
 
     def completed(self, scraper: str, began: float) -> None:
         """A scrape by ``scraper`` that began at ``began`` was written out whole."""
-        self.seen[scraper] = self.clock()
+        now = self.clock()
+        if scraper in self.seen:
+            self.interval[scraper] = now - self.seen[scraper]
+        self.seen[scraper] = now
+        self.began[scraper] = max(began, self.began.get(scraper, began))
         if self.since is not None and began >= self.since:
             self.reads[scraper] = self.reads.get(scraper, 0) + 1
-        if self._wake is not None:
-            self._wake.set()
+        for wake in self._wakes:
+            wake.set()
 
     def final(self, at: float | None = None) -> None:
         """The counts are final from ``at`` (default now): scrapes that begin later read them."""
@@ -82,23 +91,48 @@ class ScrapeLog:
         """Wait until every scraper seen in the last minute has read the final counts (:meth:`final` first);
         False when ``timeout_s`` ran out first."""
         assert self.since is not None, "final() first"
+        return await self._wait(self.owed, timeout_s)
+
+    def unread(self, after: float, now: float) -> dict[str, float]:
+        """Scrapers that scrape at an interval (two complete scrapes or more), were seen in the last
+        minute and whose latest complete scrape began before ``after``, each with the time it is no
+        longer waited for: its next scrape :data:`OVERDUE_S` past due, or its leaving the last minute."""
+        owed = {}
+        for s, t in self.seen.items():
+            interval = self.interval.get(s)
+            if interval is None or self.began[s] >= after:
+                continue
+            until = min(t + SEEN_S, t + interval + OVERDUE_S)
+            if until > now:
+                owed[s] = until
+        return owed
+
+    async def wait_scraped(self, after: float, timeout_s: float) -> bool:
+        """Wait until every scraper that :meth:`unread` names has made a complete scrape that began at or
+        after ``after`` (on :attr:`clock`); False when ``timeout_s`` ran out first.  A one-off reader (a
+        ``curl``) is not waited for, nor is one whose next scrape is overdue.  Waiters do not disturb
+        each other, nor the drain's."""
+        return await self._wait(lambda now: self.unread(after, now), timeout_s)
+
+    async def _wait(self, owing: Callable[[float], dict[str, float]], timeout_s: float) -> bool:
         deadline = self.clock() + timeout_s
-        self._wake = asyncio.Event()
+        wake = asyncio.Event()
+        self._wakes.add(wake)
         try:
             while True:
                 now = self.clock()
-                owed = self.owed(now)
+                owed = owing(now)
                 if not owed:
                     return True
                 if now >= deadline:
                     return False
-                self._wake.clear()
+                wake.clear()
                 try:  # woken by a complete scrape, or when the first owed scraper ages out
-                    await asyncio.wait_for(self._wake.wait(), min(deadline, min(owed.values())) - now)
+                    await asyncio.wait_for(wake.wait(), min(deadline, min(owed.values())) - now)
                 except TimeoutError:
                     pass
         finally:
-            self._wake = None
+            self._wakes.discard(wake)
 
 
 def tracked(handler: Handler, scrapes: ScrapeLog) -> Handler:

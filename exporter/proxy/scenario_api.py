@@ -12,6 +12,13 @@ checked (:func:`check_cell`) and written beside the announcement in ``scenarios.
 A round announced again after it was cleared or replaced in this run is still set (200), and the
 answer gains ``"warning"``: its records will be reported as a separate announcement
 (:meth:`~exporter.proxy.scenarios.ScenarioBoard.announce`; ``warmup`` and clearing never warn).
+
+A round whose (engine, scenario) series ``/metrics`` did not show yet (:mod:`exporter.proxy.shown`)
+is set once every scraper that scrapes at an interval has read them at zero, at most
+:data:`~exporter.proxy.shown.ANNOUNCE_WAIT_S` later, and answered then: a client that sends the
+round's requests after the answer has them all counted from a zero sample, and the round's span
+starts after the wait.  ``waited_s`` says how long that took; where the time ran out (or the
+supervisor could not say), ``warning`` says so.
 """
 
 from __future__ import annotations
@@ -19,11 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from .exchange import json_error
 from .scenarios import CLEAR, MAX_NAME, MAX_ROUND, Announced
-from .state import STATE
+from .shown import ANNOUNCE_WAIT_S, Pair, read_by_scrapers
+from .state import METRICS_SESSION, STATE
 
 __all__ = ["scenario_handler", "scenarios_handler", "check_request", "check_cell", "CELL_KEYS"]
 
@@ -76,21 +85,47 @@ async def scenario_handler(request: web.Request) -> web.Response:
     problem = check_request(doc, lambda e: state.config.engine(e) is not None)
     if problem is not None:
         return json_error(400, problem, "invalid_request")
-    name, rnd = doc.get("scenario"), doc.get("round", 0)
+    name, rnd, engine = doc.get("scenario"), doc.get("round", 0), doc.get("engine")
+    label = None if name is None or name in CLEAR else state.scenarios.label(name)
+    waited, read = 0.0, True
+    if label is not None:  # the round's series are read at zero by the scrapers before it is set
+        engines = [engine] if engine is not None else [e.name for e in state.config.engines]
+        waited, read = await _read_by_scrapers(request, [(e, label) for e in engines])
     try:
-        done: Announced = state.scenarios.announce(name, rnd, doc.get("engine"))
+        done: Announced = state.scenarios.announce(name, rnd, engine)
     except (ValueError, OSError) as exc:  # the shared state could not take it: say so, keep serving
         return json_error(507, f"scenario not set: {exc}", "scenario_state")
-    label = None if name is None or name in CLEAR else state.scenarios.label(name)
     if label not in (None, "other") and doc.get("cell"):
         try:
             state.scenarios.note_cell(label, rnd, done.engines, doc["cell"])
         except (ValueError, OSError) as exc:
             return json_error(507, f"cell not noted: {exc}", "scenario_state")
     answer: dict[str, Any] = {"scenario": label, "round": rnd, "engines": done.engines}
-    if done.warning is not None:
-        answer["warning"] = done.warning
+    warnings = [done.warning] if done.warning is not None else []
+    if label is not None:
+        answer["waited_s"] = round(waited, 3)
+        if not read:
+            warnings.append(f"not every scraper read the round's new series within {ANNOUNCE_WAIT_S:g} s: a rate "
+                            "over the round's first scrape interval may miss its first requests")
+    if warnings:
+        answer["warning"] = "; ".join(warnings)
     return web.json_response(answer)
+
+
+async def _read_by_scrapers(request: web.Request, pairs: list[Pair]) -> tuple[float, bool]:
+    """:func:`~exporter.proxy.shown.read_by_scrapers` here, or under ``serve`` by the supervisor, which
+    renders every scrape."""
+    state = request.app[STATE]
+    session = request.app.get(METRICS_SESSION)
+    if session is None:
+        return await read_by_scrapers(state.shown, state.scrapes, pairs)
+    try:
+        async with session.post("http://supervisor/-/shown", json={"pairs": pairs},
+                                timeout=aiohttp.ClientTimeout(total=ANNOUNCE_WAIT_S + 5)) as resp:
+            doc = await resp.json()
+        return float(doc["waited_s"]), bool(doc["read"])
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError, TypeError):
+        return 0.0, False
 
 
 async def scenarios_handler(request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from yarl import URL
@@ -21,10 +22,11 @@ from .metrics import ProxyMetrics
 from .records import JsonlWriter
 from .scenarios import ScenarioBoard
 from .sessions import SessionTurns
+from .shown import Pair, ShownSeries
 from .trace import Tracer
 from .wire.upstream import Pool
 
-__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "Worker", "new_run_id", "InFlight"]
+__all__ = ["ProxyState", "MEASURED", "Observer", "CONFIG", "STATE", "METRICS_SESSION", "Worker", "new_run_id", "InFlight"]
 
 MEASURED = {"completions": "v1/completions", "chat": "v1/chat/completions", "responses": "v1/responses",
             "messages": "v1/messages", "embeddings": "v1/embeddings", "rerank": "v1/rerank"}
@@ -121,12 +123,17 @@ class ProxyState:
         self.stopping = False  # set at shutdown: cancellation then is ours, not the client's
         self.draining = False  # SIGTERM: /-/ready fails, new engine requests are refused (:mod:`.drain`)
         self.scrapes = ScrapeLog()  # complete scrapes by scraper, for the drain's last reads
+        #: what the in-process /metrics answers (under ``serve`` the supervisor's renderer does this)
+        self.shown = ShownSeries(registry, self._active_pairs)
         self.shutdown_grace_s = 5.0  # requests in flight at shutdown get this long to finish
         self.exchanges = InFlight()  # handler tasks of measured requests
         self._tasks: set[asyncio.Task[Any]] = set()
         for e in config.engines:
             self.metrics.initialise(e.name, [*config.scenarios, "none", "other"],
                                     timed=frozenset([*config.scenarios, "none"]))
+
+    def _active_pairs(self) -> list[Pair]:
+        return [(engine, act.scenario) for engine, act in self.scenarios.actives().items()]
 
     @property
     def in_flight(self) -> int:
@@ -173,3 +180,5 @@ class ProxyState:
 
 CONFIG = web.AppKey("config", Config)
 STATE = web.AppKey("state", ProxyState)
+#: under ``serve``, a worker's client to its supervisor's unix socket
+METRICS_SESSION = web.AppKey("metrics_session", aiohttp.ClientSession)

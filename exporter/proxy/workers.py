@@ -144,7 +144,7 @@ def _drain_once(app: Any, index: int) -> Callable[[], None]:
 async def _drain_worker(app: Any, index: int) -> None:
     import aiohttp
 
-    from .app import METRICS_SESSION
+    from .state import METRICS_SESSION
     from .state import STATE
 
     await app[STATE].drain_requests()
@@ -198,9 +198,9 @@ async def _warm_up(app: Any) -> None:
     await warm_up(state.config, state.pool)
 
 
-def supervisor_registry(run_dir: Path) -> Any:
+def supervisor_registry(run_dir: Path, shared: Any = None) -> Any:
     """The registry the supervisor renders: every worker's values merged, and the scenario
-    info and round gauges from the shared scenario state."""
+    info and round gauges from the shared scenario state (``shared``, else opened here)."""
     from prometheus_client import CollectorRegistry
 
     from .merge import MergedValues
@@ -208,7 +208,7 @@ def supervisor_registry(run_dir: Path) -> Any:
 
     registry = CollectorRegistry()
     registry.register(MergedValues(run_dir))
-    registry.register(ScenarioInfoCollector(SharedScenarios(run_dir / "scenarios.state")))
+    registry.register(ScenarioInfoCollector(shared or SharedScenarios(run_dir / "scenarios.state")))
     return registry
 
 
@@ -241,9 +241,12 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     from .exposition import metrics_handler, render
     from .gpu import GpuCollector, make_source, poll_forever
     from .metrics import EngineCollector, ProxyInfoCollector
+    from .shared import SharedScenarios
+    from .shown import ShownSeries, active_pairs, shown_handler
     from .wire.upstream import Pool
 
-    registry = supervisor_registry(run_dir)
+    shared = SharedScenarios(run_dir / "scenarios.state")
+    registry = supervisor_registry(run_dir, shared)
     watch = EngineWatch(config, run_id)
     registry.register(EngineCollector(watch.rows))
     registry.register(ProxyInfoCollector(watch.proxy))
@@ -251,9 +254,11 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     source = make_source(config.gpu, lambda: _in_flight(run_dir))
     if source is not None:
         tasks.append(asyncio.create_task(poll_forever(source, GpuCollector(registry), config.gpu_interval_s)))
+    shown = ShownSeries(registry, lambda: active_pairs(shared.read()[1]))
+    scrapes = drain[0] if drain is not None else ScrapeLog()
     app = web.Application()
-    app.router.add_get("/metrics", metrics_handler(registry) if drain is None else tracked(metrics_handler(registry),
-                                                                                        drain[0]))
+    app.router.add_get("/metrics", tracked(metrics_handler(shown), scrapes))
+    app.router.add_post("/-/shown", shown_handler(shown, scrapes))
     if drain is not None:
         app.router.add_post("/-/drained", drained_handler(drain[1]))
     app.router.add_get("/-/engines", _engines_handler(watch))
@@ -262,7 +267,7 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     # The first scrape costs what every later one does: imports, parsed file keys, the gzip
     # module are made now, before the socket exists (a worker is ready once it does).
     try:
-        render(registry, "application/openmetrics-text; version=1.0.0", "gzip")
+        render(shown, "application/openmetrics-text; version=1.0.0", "gzip")
     except Exception as exc:  # best effort: a worker may be creating its value files right now
         log.debug("first /metrics render before serving: %s: %s", type(exc).__name__, exc)
     await web.UnixSite(runner, str(run_dir / "metrics.sock")).start()

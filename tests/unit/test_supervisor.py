@@ -142,3 +142,23 @@ async def test_the_openmetrics_shortcut_gives_the_encoders_bytes(workers: list[T
     registry = supervisor_registry(Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
     encoder, _ = choose_encoder(accept)
     assert render(registry, accept, "")[0] == encoder(registry)
+
+
+async def test_the_supervisor_shows_a_round_once_announced_and_the_worker_waits_for_its_scrape(
+        workers: list[TestClient]) -> None:
+    identity = {"Accept-Encoding": "identity"}
+    zero = 'llmbench_time_to_first_token_seconds_count{engine="sglang",scenario="short-c1"} 0.0'
+    first = await (await workers[0].get("/metrics", headers=identity)).text()
+    assert zero not in first and 'scenario="none"' in first  # a configured scenario no request used
+    await workers[0].get("/metrics", headers=identity)  # two scrapes: a scraper with an interval
+    announce = asyncio.create_task(workers[1].post("/-/scenario", json={"scenario": "short-c1", "round": 1}))
+    for _ in range(200):  # the first scrapes may begin before the round is set
+        if zero in await (await workers[0].get("/metrics", headers=identity)).text():
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the announced round's series never showed")
+    answer = await (await announce).json()
+    # the supervisor, which renders every scrape, answered the worker: no warning that it could not say
+    assert answer["scenario"] == "short-c1" and "warning" not in answer, answer
+    assert answer["waited_s"] >= 0
