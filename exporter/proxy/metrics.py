@@ -10,7 +10,8 @@ Bucket bounds (seconds) are explicit so that reports can quote them:
 * E2E: the TTFT bounds, then on to 1 h.
 
 Every series of a configured engine and scenario exists from start-up at zero
-(:meth:`ProxyMetrics.initialise`), so windowed deltas also count a scenario's first requests.
+(:meth:`ProxyMetrics.initialise`), so windowed deltas also count a scenario's first requests;
+``/metrics`` shows a scenario's series once it is used or announced (:mod:`exporter.proxy.shown`).
 Histograms of what few engines give are the exception that keeps ``/metrics`` small: the engine's
 own clock (queue, prefill, the rest of TTFT: vLLM with ``--enable-per-request-metrics``) and
 speculative decoding's acceptance are made at zero for all of an engine's scenarios when that engine

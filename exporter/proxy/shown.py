@@ -4,7 +4,7 @@ Every series of a configured engine and scenario is made at zero at start-up
 (:meth:`~exporter.proxy.metrics.ProxyMetrics.initialise`) and counts in the process from then on;
 ``/metrics`` leaves off the counters and histograms of an (engine, scenario) pair that has counted
 nothing yet and that no active round names.  With 2 engines x 10 scenarios configured that keeps a
-fresh proxy's page at about a tenth of its whole size (73 KB of 704 KB).
+proxy's page, once its first minute is over, at about a tenth of its whole size (73 KB of 704 KB).
 
 A pair is shown from the first of:
 
@@ -19,6 +19,11 @@ A pair is shown from the first of:
   count (:func:`dashboards.promql.exact_count`) takes a series first seen inside its window as
   started at zero and counts it whole; a rate misses what came before the series' first scrape.
 
+For its first :data:`SHOW_ALL_S` seconds a proxy shows every series, at zero where nothing counted:
+each scraper then holds a zero sample of every pair after a start, which is how an exact count sees
+a restart that lost the counts (a series below its last sample before the restart), and how a
+round announced before a new scraper's second scrape still starts from a zero sample.
+
 Scenario ``none`` is always shown, and a pair once shown stays so for the life of the process
 (``used`` only grows), so a series never goes stale between two rounds.  Only families of type
 counter or histogram whose samples carry both ``engine`` and ``scenario`` are filtered: gauges
@@ -29,6 +34,7 @@ the snapshot a restart continues from, and every later count, include what was l
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,11 +44,13 @@ from prometheus_client.metrics_core import Metric
 from .drain import ScrapeLog
 from .merge import MergedFamily
 
-__all__ = ["ShownSeries", "ANNOUNCE_WAIT_S", "Pair", "read_by_scrapers", "active_pairs", "shown_handler"]
+__all__ = ["ShownSeries", "ANNOUNCE_WAIT_S", "SHOW_ALL_S", "Pair", "read_by_scrapers", "active_pairs", "shown_handler"]
 
 Pair = tuple[str, str]
 #: the longest an announcement waits for the scrapers to read a newly shown pair's zeros
 ANNOUNCE_WAIT_S = 20.0
+#: a proxy shows every series for this long after it starts (a scraper's zero samples after a restart)
+SHOW_ALL_S = 60.0
 _FILTERED = frozenset({"counter", "histogram"})
 _COUNTS = ("_total", "_count")  # monotone samples: one above zero means the pair has counted something
 _ALWAYS = "none"
@@ -59,9 +67,13 @@ class ShownSeries:
     ``active``: the (engine, scenario) pairs of the rounds active now.  :attr:`shown` is the set
     of pairs the last answer showed (the announcement's wait asks it)."""
 
-    def __init__(self, inner: Any, active: Callable[[], Iterable[Pair]]) -> None:
+    def __init__(self, inner: Any, active: Callable[[], Iterable[Pair]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._inner = inner
         self._active = active
+        self._clock = clock
+        #: until then (on ``clock``) every series is shown: the start-up minute
+        self.all_until = clock() + SHOW_ALL_S
         self.used: set[Pair] = set()
         self.requested: set[Pair] = set()  # by an announcement, before its round is set
         self.shown: frozenset[Pair] = frozenset()
@@ -87,7 +99,12 @@ class ShownSeries:
                     self._note_used(family)
             show = frozenset(self.used.union(self.requested, self._active()))
             self.shown = show
+            if self._all():
+                return families
             return [self._shown(family, show) for family in families]
+
+    def _all(self) -> bool:
+        return self._clock() < self.all_until
 
     def request(self, pairs: Iterable[Pair]) -> None:
         """Show ``pairs`` from the next answer on (an announcement about to set their round)."""
@@ -95,8 +112,8 @@ class ShownSeries:
             self.requested.update(pairs)
 
     def is_shown(self, pair: Pair) -> bool:
-        """Whether ``pair``'s series were on the last answer (scenario ``none``'s always are)."""
-        return pair[1] == _ALWAYS or pair in self.shown
+        """Whether ``pair``'s series are on the answers now (scenario ``none``'s always are)."""
+        return pair[1] == _ALWAYS or pair in self.shown or self._all()
 
     def _note_used(self, family: Any) -> None:
         used = self.used

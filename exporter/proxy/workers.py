@@ -144,8 +144,7 @@ def _drain_once(app: Any, index: int) -> Callable[[], None]:
 async def _drain_worker(app: Any, index: int) -> None:
     import aiohttp
 
-    from .state import METRICS_SESSION
-    from .state import STATE
+    from .state import METRICS_SESSION, STATE
 
     await app[STATE].drain_requests()
     with contextlib.suppress(aiohttp.ClientError, OSError):  # a supervisor gone stops this worker anyway

@@ -9,10 +9,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.proxy import shown
 from exporter.proxy.app import STATE, create_app
 from exporter.proxy.drain import OVERDUE_S, SEEN_S, ScrapeLog
 from exporter.proxy.metrics import TTFT_BUCKETS
@@ -24,6 +26,12 @@ QUARTER = 782_000 // 4
 SCENARIOS = [f"s{i}" for i in range(10)]
 REQUEST = {"prompt": "x", "max_tokens": 2, "ignore_eos": True, "stream": True,
            "stream_options": {"include_usage": True}}
+
+
+@pytest.fixture(autouse=True)
+def past_the_first_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxies made here are past their start-up minute, where every series is shown."""
+    monkeypatch.setattr(shown, "SHOW_ALL_S", 0.0)
 
 
 async def _proxy(aiohttp_client: Any, tmp_path: Path, port: int) -> TestClient:
@@ -106,6 +114,21 @@ async def test_without_a_scraper_an_announcement_answers_at_once(
     assert answer["waited_s"] == 0 and "warning" not in answer
     cleared = await (await client.post("/-/scenario", json={"scenario": None})).json()
     assert "waited_s" not in cleared
+
+
+async def test_every_series_is_shown_in_the_first_minute_and_then_only_the_used(
+        aiohttp_client: Any, tmp_path: Path, upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shown, "SHOW_ALL_S", 60.0)
+    client = await _proxy(aiohttp_client, tmp_path, upstream[1].port)
+    first = await (await client.get("/metrics")).text()
+    # zeros for every pair: a scraper's sample of each after a start (a restart that lost the counts)
+    assert ("sglang", "s9") in _pairs(first, "histogram")
+    assert 'llmbench_requests_total{engine="vllm",outcome="success",reason="none",scenario="s9"} 0.0' in first
+    announced = await (await client.post("/-/scenario", json={"scenario": "s4", "round": 1})).json()
+    assert announced["waited_s"] == 0  # its zeros are on the page already
+    client.app[STATE].shown.all_until = 0.0  # the minute is over
+    later = await (await client.get("/metrics")).text()
+    assert _pairs(later, "histogram") == {(e, s) for e in ("vllm", "sglang") for s in ("none", "s4")}
 
 
 def test_only_a_scraper_with_an_interval_is_owed_and_only_until_it_is_overdue() -> None:

@@ -19,6 +19,7 @@ from prometheus_client import values
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.proxy import shown
 from exporter.proxy.exposition import render
 from exporter.proxy.scenarios import END_NAME, MAX_ROUNDS, START_NAME
 from exporter.proxy.shared import SharedScenarios
@@ -144,6 +145,13 @@ async def test_the_openmetrics_shortcut_gives_the_encoders_bytes(workers: list[T
     assert render(registry, accept, "")[0] == encoder(registry)
 
 
+@pytest.fixture
+def past_the_first_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renderer made now is past its start-up minute, where every series is shown."""
+    monkeypatch.setattr(shown, "SHOW_ALL_S", 0.0)
+
+
+@pytest.mark.usefixtures("past_the_first_minute")
 async def test_the_supervisor_shows_a_round_once_announced_and_the_worker_waits_for_its_scrape(
         workers: list[TestClient]) -> None:
     identity = {"Accept-Encoding": "identity"}
