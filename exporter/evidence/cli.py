@@ -47,7 +47,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                               run=args.run)
         manifest = export(prom, window, Path(args.out), boards=args.boards, step=args.step, grafana=args.grafana,
                           force=args.force, job=args.job, records=Path(args.records) if args.records else None,
-                          engine=args.engine)
+                          engine=args.engine, png=args.png)
     except (ValueError, WindowError, ExportError, PromError) as exc:
         return _fail(str(exc))
     backend = manifest["prometheus"]["backend"]
@@ -157,7 +157,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         prepare_out(Path(args.out), args.force)
         result = compare_dirs(Path(args.a), Path(args.b), Path(args.out), args.label_a, args.label_b,
                               engine_a=args.engine_a, engine_b=args.engine_b, run_a=args.run_a, run_b=args.run_b,
-                              config=_judge_config(args), config_path=args.config)
+                              config=_judge_config(args), config_path=args.config, png=args.png)
     except ConfigError as exc:
         return _fail(_one_line(exc))
     except (CompareError, MergeError, OutDirError) as exc:
@@ -215,6 +215,9 @@ def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help="only this engine's series (the boards' engine variable: data, PNGs and EVIDENCE.md alike; "
                         "the engines' own series on the internals board go by their job) and its rounds marked "
                         "(default: every engine)")
+    e.add_argument("--no-png", dest="png", action="store_false",
+                   help="draw no PNG of the boards: the CSV/JSON data, EVIDENCE.md and manifest.json only, in a "
+                        "fraction of the time (drawing is most of an export's) (default: a PNG per board)")
     e.add_argument("--job", metavar="NAME",
                    help=f"the Prometheus job that scrapes the proxies (default: {MIXIN.job}); an export "
                         "that finds nothing says under which job Prometheus has the proxies' series")
@@ -273,6 +276,9 @@ def _compare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("--run-a", metavar="ID", help="the run of A, where A holds several (default: its only run)")
     c.add_argument("--run-b", metavar="ID", help="the run of B, where B holds several (default: its only run)")
     c.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
+    c.add_argument("--no-png", dest="png", action="store_false",
+                   help="draw no PNG per metric: compare.md and compare.csv only, in a fraction of the time "
+                        "(default: a PNG per metric)")
     c.set_defaults(func=cmd_compare)
 
 

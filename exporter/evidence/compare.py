@@ -177,16 +177,16 @@ def _markdown(rows: list[dict[str, Any]], a: Run, b: Run, pngs: list[Path], warn
     for side, run in (("a", a), ("b", b)):
         if alone[side]:
             lines += [f"Not compared, only in {side.upper()} ({run.label}): {', '.join(alone[side])}.", ""]
-    lines += ["Charts: " + ", ".join(f"`{p.name}`" for p in pngs), ""]
+    lines += ["Charts: " + ", ".join(f"`{p.name}`" for p in pngs), ""] if pngs else []
     return "\n".join(lines)
 
 
 def compare_dirs(a: Path, b: Path, out: Path, label_a: str = "A", label_b: str = "B", *,
                  engine_a: str | None = None, engine_b: str | None = None, run_a: str | None = None,
                  run_b: str | None = None, config: Config | None = None,
-                 config_path: Path | str | None = None) -> dict[str, Any]:
-    """Compare two records directories; writes compare.md, compare.csv and one PNG per metric
-    under ``out``; returns {"rows", "files"}.  Raises CompareError, MergeError, OutDirError."""
+                 config_path: Path | str | None = None, png: bool = True) -> dict[str, Any]:
+    """Compare two records directories; writes compare.md, compare.csv and (``png``) one PNG per
+    metric under ``out``; returns {"rows", "files"}.  Raises CompareError, MergeError, OutDirError."""
     from .compare_plot import plot_metric
 
     judge: dict[str, Any] = {"config": config, "config_path": config_path}
@@ -202,7 +202,7 @@ def compare_dirs(a: Path, b: Path, out: Path, label_a: str = "A", label_b: str =
     make_dir(out)
     sides = (side_a.label, side_a.engines), (side_b.label, side_b.engines)
     pngs = [plot_metric([r for r in rows if r["metric"] == m.key], m, *sides, out / f"{m.key}.png")
-            for m in METRICS]
+            for m in METRICS if png]
     csv_path, md_path = out / "compare.csv", out / "compare.md"
     _csv(csv_path, rows, side_a, side_b)
     mixed = sides_t0_warning(side_a.added, side_b.added, side_a.label, side_b.label)

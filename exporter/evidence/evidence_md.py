@@ -139,10 +139,11 @@ def evidence_markdown(window: Window, step: float, step_note: str, rw: str, back
                       results: dict[str, dict[str, list[QueryEvidence]]], counts_note: str,
                       selector: str = MIXIN.job_selector, *, no_series: str | None = None,
                       totals: list[str] | None = None, rate_note: str | None = None,
-                      scenario_filter: str | None = None) -> str:
+                      scenario_filter: str | None = None, pngs: bool = True) -> str:
     """``no_series``: why every panel of the proxies' boards is empty; ``totals``: the round totals
     section; ``rate_note``: what each rate panel says when the window is shorter than its rate window;
-    ``scenario_filter``: the scenario the boards' ``$scenario`` matched (None: every one)."""
+    ``scenario_filter``: the scenario the boards' ``$scenario`` matched (None: every one); ``pngs``:
+    each board's PNG was drawn (linked under its heading)."""
     lines = _header(window, step, step_note, rw, backend, url, counts_note, selector, scenario_filter)
     if no_series:
         lines += [f"**No series: {no_series}**", ""]
@@ -151,7 +152,7 @@ def evidence_markdown(window: Window, step: float, step_note: str, rw: str, back
     lines += totals or []
     for board_key, panels in results.items():
         board = BOARDS[board_key]
-        lines += [f"## {board.title}", "", f"![{board.title}]({board_key}.png)", ""]
+        lines += [f"## {board.title}", "", *([f"![{board.title}]({board_key}.png)", ""] if pngs else [])]
         for panel in board.panels:
             lines += [f"### {panel.title}", "", f"Kind: *{panel_kind(panel)}*", ""]
             lines += [panel.description, ""] if panel.description else []  # what it shows (the board's own words)

@@ -3,7 +3,8 @@
 Writes, under the output directory:
 
 * ``data/<board>/<panel>.csv`` and ``.json``: the series of each panel query;
-* ``<board>.png``: the board in a light layout (matplotlib), the window on the figure;
+* ``<board>.png``: the board in a light layout (matplotlib), the window on the figure (not with
+  ``png=False``, ``--no-png``: drawing is most of an export's time);
 * ``grafana/<board>-<panel>.png``: Grafana's own rendering, with ``--grafana``;
 * ``EVIDENCE.md``: per panel the exact PromQL (the boards' Grafana variables filled in: every value,
   but ``$scenario`` of a scenario window, which is its scenario: :func:`scenario_filter`), the
@@ -297,11 +298,12 @@ def _check_args(window: Window, out: Path, boards: list[str] | None, step: float
 
 def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None = None, step: float | None = None,
            grafana: str | None = None, progress: bool | None = None, force: bool = False,
-           job: str | None = None, records: Path | None = None, engine: str | None = None) -> dict[str, Any]:
+           job: str | None = None, records: Path | None = None, engine: str | None = None, png: bool = True) -> dict[str, Any]:
     """Run the export; returns the manifest.  Raises ExportError/PromError with a clear message.
     ``job``: the proxies' Prometheus job (default: the mixin's); ``records``: their records directory
     (its ``engines.jsonl`` names the engines and the proxy, else ``llmbench_engine_info`` does; its
-    ``scenarios.jsonl`` marks where each round began on the PNGs); ``engine``: that engine's series only."""
+    ``scenarios.jsonl`` marks where each round began on the PNGs); ``engine``: that engine's series only;
+    ``png``: draw each board's PNG (False: the data, EVIDENCE.md and the manifest only)."""
     progress = sys.stderr.isatty() if progress is None else progress
     names = _check_args(window, out, boards, step, force)
     token = _grafana_token(grafana)
@@ -327,12 +329,12 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
     except OutDirError as exc:
         raise ExportError(str(exc)) from None
     rounds = round_marks(records, window.run, engine, window.start, window.end)
-    look = BoardLook(scenario, totals is not None, short, rounds, engine)
+    look = BoardLook(scenario, totals is not None, short, rounds, engine, png)
     files = _write_all(out, chosen, results, window, step, rw, grafana, token, look)
     md = out / "EVIDENCE.md"
     md.write_text(evidence_markdown(window, step, step_note, rw, backend, prom.url, results, counts.note,
                                     selector=job_selector(job), no_series=no_series, rate_note=short_rates,
-                                    scenario_filter=scenario,
+                                    scenario_filter=scenario, pngs=png,
                                     totals=None if totals is None else totals_lines(totals, window.spec))
                   + (f"\n**Warning:** {count_step['warning']}\n" if count_step["warning"] else ""), encoding="utf-8")
     files.append(md)
@@ -343,7 +345,7 @@ def export(prom: Prometheus, window: Window, out: Path, boards: list[str] | None
                        "headers": prom.header_names, "scrape_intervals_s": intervals},
         "window": {"spec": window.spec, "source": window.source, "start": window.start, "end": window.end,
                    "start_utc": iso(window.start), "end_utc": iso(window.end), "run": window.run},
-        "scenario_filter": scenario, "engine_filter": engine, "rounds_marked": len(rounds),
+        "scenario_filter": scenario, "engine_filter": engine, "rounds_marked": len(rounds), "pngs": png,
         **({} if totals is None else {"round_totals": totals}),
         "rate_note": short_rates, "no_series": no_series,
         "step_s": step, "step_note": step_note, "grid_start": grid_start(window, step),

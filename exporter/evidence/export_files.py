@@ -29,13 +29,14 @@ class BoardLook:
     """What the PNGs show beside the series: ``scenario``, ``engine``: the filters (None: every
     value); ``totals``: the export has round totals (a rate panel's title points there); ``short``:
     what a rate panel's window is held against (:func:`.totals.shortest_span`); ``rounds``: the
-    rounds marked."""
+    rounds marked; ``png``: whether the PNGs are drawn at all (False: the data files only)."""
 
     scenario: str | None
     totals: bool
     short: tuple[float, str]
     rounds: Sequence[Announcement] = ()
     engine: str | None = None
+    png: bool = True
 
     def subtitle(self, step: float, rw: str) -> str:
         filters = [f"{name} filter: {value}" for name, value in (("scenario", self.scenario), ("engine", self.engine))
@@ -76,13 +77,15 @@ def write_data(out: Path, board: str, panel: Panel, evs: list[QueryEvidence], wi
 
 def board_files(out: Path, boards: dict[str, Board], results: dict[str, dict[str, list[QueryEvidence]]],
                 window: Window, step: float, rw: str, look: BoardLook) -> list[Path]:
-    """The data files and the PNG of each board of ``results``."""
+    """The data files and the PNG of each board of ``results`` (no PNG where ``look.png`` is False)."""
     files: list[Path] = []
     span, what = look.short
     for b, panels in results.items():
         board = boards[b]
         for panel in board.panels:
             files += write_data(out, b, panel, panels[panel.key], window, step)
+        if not look.png:
+            continue
         data = {key: [{**s, "ref": ev.ref} for ev in evs for s in ev.series] for key, evs in panels.items()}
         marks = {p.key: m for p in board.panels
                  if (m := rate_mark(p, span, parse_duration(rw), rw, look.totals, what))}

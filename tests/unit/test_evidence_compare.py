@@ -60,6 +60,7 @@ def test_compare_a_clear_win_and_a_difference_inside_the_noise(tmp_path: Path) -
     assert back[("win", "output_throughput_tok_s")]["verdict"] == "worse"
     out = tmp_path / "out"
     md = (out / "compare.md").read_text()
+    assert "Charts: `success_ratio.png`" in md
     assert "within noise" in md and "Verdict rule" in md and "## win" in md and "[100–140]" in md and "+100.0 %" in md
     with open(out / "compare.csv", newline="") as fh:
         table = list(csv.DictReader(fh))
@@ -77,7 +78,8 @@ def test_compare_two_engines_of_one_run_and_refusals(tmp_path: Path, capsys: pyt
     _run(tmp_path / "b", "vllm", 300.0, 0.5, (110.0, 125.0, 135.0))
     (both / "requests.jsonl").write_text((a / "requests.jsonl").read_text() + (tmp_path / "b" / "requests.jsonl").read_text())
     assert evidence_main(["compare", str(both), str(both), "--out", str(tmp_path / "o"),
-                          "--label-a", "sglang", "--label-b", "vllm"]) == 0
+                          "--label-a", "sglang", "--label-b", "vllm", "--no-png"]) == 0
+    assert not list((tmp_path / "o").glob("*.png")) and "Charts:" not in (tmp_path / "o" / "compare.md").read_text()
     table = list(csv.DictReader(open(tmp_path / "o" / "compare.csv", newline="")))
     row = next(r for r in table if r["scenario"] == "win" and r["metric"] == "output_throughput_tok_s")
     assert (row["engine_a"], row["engine_b"], row["verdict"]) == ("sglang", "vllm", "better")
@@ -92,7 +94,7 @@ def test_a_scenario_only_one_run_holds_is_named_not_dropped(tmp_path: Path) -> N
     with open(a / "requests.jsonl", "a") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in extra))
     b = _run(tmp_path / "b", "vllm", 200.0, 0.5, (110.0, 125.0, 135.0))
-    result = compare_dirs(a, b, tmp_path / "out", "sglang", "vllm")
+    result = compare_dirs(a, b, tmp_path / "out", "sglang", "vllm", png=False)
     assert result["unpaired"] == {"a": ["long-only-a"], "b": []}
     assert {r["scenario"] for r in result["rows"]} == {"win", "noise"}
     md = (tmp_path / "out" / "compare.md").read_text()
@@ -109,13 +111,13 @@ def test_requests_of_another_length_are_not_judged(tmp_path: Path) -> None:
 
     a = with_prompts(_run(tmp_path / "a", "sglang", 100.0, 1.0, (100.0, 120.0, 140.0)), 484)
     b = with_prompts(_run(tmp_path / "b", "vllm", 200.0, 0.5, (110.0, 125.0, 135.0)), 1024)
-    rows = _rows(compare_dirs(a, b, tmp_path / "out", "sglang", "vllm"))
+    rows = _rows(compare_dirs(a, b, tmp_path / "out", "sglang", "vllm", png=False))
     win = rows[("win", "output_throughput_tok_s")]
     assert win["verdict"] == "not judged: loads differ"
     assert win["why"] == "workloads differ: prompt 484 against 1024 tokens per request, more than 10% apart"
     # within 10%: judged as before
     with_prompts(a, 1000)
-    assert _rows(compare_dirs(a, b, tmp_path / "out2", "sglang", "vllm"))[("win", "output_throughput_tok_s")][
+    assert _rows(compare_dirs(a, b, tmp_path / "out2", "sglang", "vllm", png=False))[("win", "output_throughput_tok_s")][
         "verdict"] == "better"
 
 
@@ -130,7 +132,7 @@ def test_each_side_names_the_build_it_measured(tmp_path: Path) -> None:
         (path / "engines.jsonl").write_text(json.dumps(
             {"event": "identity", "run_id": "r1", "unix": 1.0, "engine": kind, "kind": kind, "version": version,
              "model": "tiny", "root": "/m", "max_model_len": 2048, "server_args": None, "model_info": None}) + "\n")
-    compare_dirs(a, b, tmp_path / "out", "sglang", "vllm")
+    compare_dirs(a, b, tmp_path / "out", "sglang", "vllm", png=False)
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "- A measured sglang: sglang 0.5.23, model tiny" in md
     assert "- B measured vllm: vllm 0.32.0, model tiny" in md

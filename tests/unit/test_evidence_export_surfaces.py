@@ -111,7 +111,7 @@ def test_a_round_held_by_two_runs_is_refused_unless_run_picks_one(tmp_path: Path
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """issue 27: after a proxy restart, `scenario:short-c4#1` spanned run 1's start to run 2's end."""
     d = _two_runs(tmp_path)
-    args = ["export", "--prometheus", fake.url, "--records", str(d), "--boards", "comparison"]
+    args = ["export", "--prometheus", fake.url, "--records", str(d), "--boards", "comparison", "--no-png"]
     for window in ("scenario:short-c4#1", "scenario:short-c4", "scenario:short-c4#1:steady"):
         assert evidence_main([*args, "--window", window, "--out", str(tmp_path / "x")]) == 2, window
         err = capsys.readouterr().err
@@ -170,16 +170,17 @@ def test_an_export_whose_proxy_panels_are_all_empty_exits_3_with_its_files(tmp_p
     assert "pass --job llmbench-exporter" in captured.err and "Traceback" not in captured.err
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["no_series"] and (out / "EVIDENCE.md").exists() and len(manifest["files"]) > 10
-    assert "**No series:" in (out / "EVIDENCE.md").read_text()
+    assert "**No series:" in (out / "EVIDENCE.md").read_text() and "![" in (out / "EVIDENCE.md").read_text()
+    assert manifest["pngs"] is True and {"comparison.png", "internals.png"} <= {f["path"] for f in manifest["files"]}
     # the proxies' series under the job asked for: exit 0
     fake.ranges = {'job="vllm"': 1.0, 'job="llmbench-exporter"': 2.0}
     assert evidence_main(["export", "--prometheus", fake.url, "--window", window, "--out", str(tmp_path / "ok"),
-                          "--boards", "comparison"]) == 0
+                          "--boards", "comparison", "--no-png"]) == 0
     assert json.loads((tmp_path / "ok" / "manifest.json").read_text())["no_series"] is None
     # nothing anywhere: exit 3 too, and the line says no job has them
     fake.ranges, fake.jobs = {}, []
     assert evidence_main(["export", "--prometheus", fake.url, "--window", window, "--out", str(tmp_path / "none"),
-                          "--boards", "gpu"]) == 3
+                          "--boards", "gpu", "--no-png"]) == 3
     err = capsys.readouterr().err
     assert "no llmbench_ series under any job" in err and err.count("\n") == 1
 
@@ -201,7 +202,7 @@ def test_one_round_window_gives_round_totals_from_the_counters(tmp_path: Path, f
                    'scenario="short-c4", engine="sglang"': {"sglang": 0.0}}
     out = tmp_path / "ev"
     assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
-                          "--out", str(out), "--boards", "comparison"]) == 0
+                          "--out", str(out), "--boards", "comparison", "--no-png"]) == 0
     printed = capsys.readouterr().out
     manifest = json.loads((out / "manifest.json").read_text())
     totals = manifest["round_totals"]
@@ -216,13 +217,16 @@ def test_one_round_window_gives_round_totals_from_the_counters(tmp_path: Path, f
     assert any("llmbench_requests_total" in e and at == span.at for e, at in fake.asked)
     md = (out / "EVIDENCE.md").read_text()
     assert "## Round totals" in md and "| vllm | 73 | 72 | 9336 | 1167.0 |" in md
+    # --no-png: the data, EVIDENCE.md and the manifest, no PNG drawn or linked
+    assert manifest["pngs"] is False and not list(out.glob("*.png")) and "![" not in md
+    assert not any(f["path"].endswith(".png") for f in manifest["files"])
     throughput = md.split("### Successful output throughput")[1].split("###")[0]
     # held against the shorter engine's round (8 s), not the 10 s window the two rounds make
     assert "1m rates over a 8.0 s round" in throughput and "round totals" in throughput
     assert manifest["rate_note"] and "1167.0 tok/s" in printed
     # a window that is no one round has none
     assert evidence_main(["export", "--prometheus", fake.url, "--window", f"{T0:.0f},{T0 + 600:.0f}",
-                          "--out", str(tmp_path / "long"), "--boards", "comparison"]) == 0
+                          "--out", str(tmp_path / "long"), "--boards", "comparison", "--no-png"]) == 0
     long = json.loads((tmp_path / "long" / "manifest.json").read_text())
     assert "round_totals" not in long and long["rate_note"] is None
     assert "Drawn from" not in (tmp_path / "long" / "EVIDENCE.md").read_text()
@@ -261,7 +265,7 @@ def test_round_totals_add_the_requests_span_of_the_records(tmp_path: Path, fake:
     fake.counts = {**_counters(768, 6, 7), 'scenario="short-c4", engine="sglang"': {"sglang": 0.0}}
     out = tmp_path / "ev"
     assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
-                          "--out", str(out), "--boards", "comparison"]) == 0
+                          "--out", str(out), "--boards", "comparison", "--no-png"]) == 0
     totals = json.loads((out / "manifest.json").read_text())["round_totals"]
     v = totals["vllm"]
     mine = [r for r in recs if r["run_id"] == RUN_1]
@@ -297,7 +301,7 @@ def test_spans_within_20_percent_get_no_sentence(tmp_path: Path, fake: FakeProm)
     fake.counts = _counters(768, 6, 6)
     out = tmp_path / "ev"
     assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
-                          "--out", str(out), "--boards", "comparison"]) == 0
+                          "--out", str(out), "--boards", "comparison", "--no-png"]) == 0
     v = json.loads((out / "manifest.json").read_text())["round_totals"]["vllm"]
     assert v["requests_span_s"] == pytest.approx(5.0) and v["spans_differ"] is False
     md = (out / "EVIDENCE.md").read_text()
@@ -312,7 +316,7 @@ def test_a_scenario_window_fills_scenario_on_every_board_query(tmp_path: Path, f
     fake.ranges = {'job="llmbench-exporter"': 1.0}
     out = tmp_path / "ev"
     assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short.c4#1",
-                          "--out", str(out), "--boards", "comparison", "internals"]) == 0
+                          "--out", str(out), "--boards", "comparison", "internals", "--no-png"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["scenario_filter"] == "short.c4"
     with_var = [e for e in fake.ranged if "scenario" in e]
@@ -332,7 +336,7 @@ def test_a_scenario_window_fills_scenario_on_every_board_query(tmp_path: Path, f
     # a window of another form: every scenario
     fake.ranged.clear()
     assert evidence_main(["export", "--prometheus", fake.url, "--window", f"{T0:.0f},{T0 + 8:.0f}",
-                          "--out", str(tmp_path / "plain"), "--boards", "comparison"]) == 0
+                          "--out", str(tmp_path / "plain"), "--boards", "comparison", "--no-png"]) == 0
     assert fake.ranged and not any("scenario" in e for e in fake.ranged)
     plain = json.loads((tmp_path / "plain" / "manifest.json").read_text())
     assert plain["scenario_filter"] is None
@@ -410,7 +414,7 @@ def test_counters_that_took_in_a_neighbouring_round_say_so(tmp_path: Path, fake:
     fake.counts = _counters(1152, 9, 9)  # three of round 2 ended before the scrape after round 1's end
     out = tmp_path / "ev"
     assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
-                          "--out", str(out), "--boards", "comparison"]) == 0
+                          "--out", str(out), "--boards", "comparison", "--no-png"]) == 0
     printed = capsys.readouterr().out
     v = json.loads((out / "manifest.json").read_text())["round_totals"]["vllm"]
     assert (v["requests"], v["records_requests"], v["records_output_tokens"], v["counts_differ"]) == (9, 6, 768, True)
@@ -431,13 +435,13 @@ def test_counters_that_took_in_a_neighbouring_round_say_so(tmp_path: Path, fake:
     # counts that agree: no such words
     fake.counts = _counters(768, 6, 6)
     assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
-                          "--out", str(tmp_path / "ev2"), "--boards", "comparison"]) == 0
+                          "--out", str(tmp_path / "ev2"), "--boards", "comparison", "--no-png"]) == 0
     again = json.loads((tmp_path / "ev2" / "manifest.json").read_text())["round_totals"]["vllm"]
     assert again["counts_differ"] is False and "(exact, from the counters)" in capsys.readouterr().out
     # fewer in the counters than in the records: requests not yet ended at the last scrape, not a neighbour
     fake.counts = _counters(512, 4, 4)
     assert evidence_main(["export", "--prometheus", fake.url, "--records", str(d), "--window", "scenario:short-c4#1",
-                          "--out", str(tmp_path / "ev3"), "--boards", "comparison"]) == 0
+                          "--out", str(tmp_path / "ev3"), "--boards", "comparison", "--no-png"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("round totals vllm: "))
     assert "requests still running at the counters' last scrape" in line and "neighbouring" not in line
     md = (tmp_path / "ev3" / "EVIDENCE.md").read_text()

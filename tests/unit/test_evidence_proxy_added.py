@@ -83,12 +83,12 @@ def test_summarize_warns_when_rounds_mix_t0_source(tmp_path: Path, capsys: pytes
 def test_compare_warns_when_its_sides_mix_t0_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = _write(tmp_path / "a", _round(1, 1000.0, "kernel", ADDED_1) + _round(2, 2000.0, "kernel", ADDED_2))
     b = _write(tmp_path / "b", _round(1, 1000.0, "loop", ADDED_1) + _round(2, 2000.0, "loop", ADDED_2))
-    assert evidence_main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    assert evidence_main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp"), "--no-png"]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(err) == 1 and "t0_source" in err[0] and "A A: kernel" in err[0] and "B B: loop" in err[0]
     assert err[0] in (tmp_path / "cmp" / "compare.md").read_text()
     same = _write(tmp_path / "c", _round(1, 1000.0, "kernel", ADDED_2) + _round(2, 2000.0, "kernel", ADDED_1))
-    assert evidence_main(["compare", str(a), str(same), "--out", str(tmp_path / "cmp2")]) == 0
+    assert evidence_main(["compare", str(a), str(same), "--out", str(tmp_path / "cmp2"), "--no-png"]) == 0
     assert "warning:" not in capsys.readouterr().err
 
 

@@ -121,14 +121,14 @@ def test_compare_refuses_a_verdict_when_the_loads_differ(tmp_path: Path) -> None
     b_recs = (_round("s", 1, 0.0, engine="vllm", c=5, ttft=0.5, n=20)  # 4 × C requests: a closed loop can be told
               + _round("s", 2, 100.0, engine="vllm", c=5, ttft=0.5, n=20))
     a, b = _write(tmp_path / "a", a_recs), _write(tmp_path / "b", b_recs)
-    rows = _rows(compare_dirs(a, b, tmp_path / "o", "sglang", "vllm"))
+    rows = _rows(compare_dirs(a, b, tmp_path / "o", "sglang", "vllm", png=False))
     row = rows[("s", "ttft_p95_s")]
     assert row["verdict"] == LOADS_DIFFER and "closed-loop 2 against closed-loop 5" in row["why"]
     md = (tmp_path / "o" / "compare.md").read_text()
     assert "closed-loop 2 against closed-loop 5" in md and "worse" not in md.split("Verdict rule")[1].split("\n", 1)[1]
     # the same load on both sides: judged
     b_same = _round("s", 1, 0.0, engine="vllm", ttft=0.5) + _round("s", 2, 100.0, engine="vllm", ttft=0.5)
-    rows = _rows(compare_dirs(a, _write(tmp_path / "b2", b_same), tmp_path / "o2", "sglang", "vllm"))
+    rows = _rows(compare_dirs(a, _write(tmp_path / "b2", b_same), tmp_path / "o2", "sglang", "vllm", png=False))
     assert rows[("s", "ttft_p95_s")]["verdict"] == "worse"
 
 
@@ -140,7 +140,7 @@ def test_compare_keeps_runs_apart(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--run-a" in err and RUN_1 in err
     assert evidence_main(["compare", str(d), str(d), "--out", str(tmp_path / "o"), "--run-a", RUN_1,
-                          "--run-b", RUN_2]) == 0
+                          "--run-b", RUN_2, "--no-png"]) == 0
     table = list(csv.DictReader(open(tmp_path / "o" / "compare.csv", newline="")))
     row = next(r for r in table if r["metric"] == "success_ratio")
     assert (row["rounds_a"], row["rounds_b"], row["verdict"]) == ("2", "1", ONE_ROUND)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -19,12 +20,21 @@ def _module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports_in(path: Path, root: Path = ROOT) -> set[str]:
-    """Every module ``path`` imports, relative imports resolved, TYPE_CHECKING ones included."""
-    mods: set[str] = set()
+def _imports_in(path: Path, root: Path = ROOT, literal: bool = False) -> set[str]:
+    """Every module ``path`` imports, relative imports resolved, TYPE_CHECKING ones included;
+    ``literal``: ``import_module("...")`` and ``__import__("...")`` with a literal name too."""
     name = _module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    return set(_imports_of(path.read_text(encoding="utf-8"), package, literal))
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_of(text: str, package: str, literal: bool) -> frozenset[str]:
+    """:func:`_imports_in` of a file's text, parsed once for every test that asks (by its text:
+    a file that changed is parsed again)."""
+    mods: set[str] = set()
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             mods.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -37,7 +47,10 @@ def _imports_in(path: Path, root: Path = ROOT) -> set[str]:
                     mods.update(f"{prefix}.{a.name}" for a in node.names)
             elif node.module:
                 mods.add(node.module)
-    return mods
+        elif (literal and isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str) and ast.unparse(node.func).endswith(("import_module", "__import__"))):
+            mods.add(node.args[0].value)
+    return frozenset(mods)
 
 
 def _graph() -> dict[str, set[str]]:
@@ -142,10 +155,7 @@ def _imports_of_the_other(tree: Path, other: str, root: Path = ROOT) -> list[str
     top-level package ``other`` (``import_module("...")`` with a literal name included)."""
     found = []
     for path in sorted(tree.rglob("*.py")):
-        mods = _imports_in(path, root)
-        mods |= {node.args[0].value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                 if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(("import_module", "__import__"))
-                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)}
+        mods = _imports_in(path, root, literal=True)
         found += [f"{path.relative_to(root)}: {m}" for m in sorted(mods) if m.split(".")[0] == other]
     return found
 

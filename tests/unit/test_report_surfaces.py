@@ -33,7 +33,7 @@ def test_a_run_is_not_compared_with_itself(tmp_path: Path, capsys: pytest.Captur
     assert "compared with themselves" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
     assert main(["compare", str(records), str(records), "--label-a", "sglang", "--label-b", "vllm",
-                 "--out", str(tmp_path / "c2")]) == 0
+                 "--out", str(tmp_path / "c2"), "--no-png"]) == 0
 
 
 @pytest.mark.parametrize("command", ["summarize", "compare"])
@@ -44,7 +44,7 @@ def test_a_non_empty_out_is_refused_without_force(tmp_path: Path, command: str,
     out.mkdir()
     (out / "manifest.json").write_text("{}")
     args = (["summarize", "--records", str(records)] if command == "summarize" else
-            ["compare", str(records), str(records), "--label-a", "sglang", "--label-b", "vllm"])
+            ["compare", str(records), str(records), "--label-a", "sglang", "--label-b", "vllm", "--no-png"])
     assert main([*args, "--out", str(out)]) == 2
     assert "is not empty" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["manifest.json"]
