@@ -17,7 +17,10 @@ the proxy may use every CPU (there is no free core left to pin to on two).
 Reports per row: events/s, the proxy's CPU (all its processes: workers and the supervisor
 that renders /metrics, in % of one core), error p50/p99/max (ms), loop-lag p99 (ms, from the
 proxy's own histogram over the row), the share of requests whose ``timing_uncertainty_s``
-covers their error, and the largest shortfall among those it does not cover (``miss max``).
+covers their error, and the largest shortfall among those it does not cover (``miss max``), the
+share stamped by the kernel, and the size of ``/metrics`` at the row's end (``page kB``,
+uncompressed).  Each proxy first runs ``--settle`` seconds idle: past its start-up minute, in which
+``/metrics`` shows every series (exporter/proxy/shown.py).
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
 
 def _row(name: str, events: int, elapsed: float, cpu: float | None, errors: list[float],
          lag99: float | None, covered: float | None, miss: float | None = None,
-         kernel: float | None = None) -> str:
+         kernel: float | None = None, page: int | None = None) -> str:
     def ms(v: float | None) -> str:
         return "      -" if v is None else f"{v * 1e3:7.3f}"
 
@@ -156,18 +159,22 @@ def _row(name: str, events: int, elapsed: float, cpu: float | None, errors: list
             f"{ms(p50)} {ms(p99)} {ms(max(errors) if errors else None)} {ms(min(errors) if errors else None)} "
             f"{ms(abs99)} {ms(lag99)} "
             f"{'     -' if covered is None else f'{covered * 100:5.1f}%'} {ms(miss)} "
-            f"{'     -' if kernel is None else f'{kernel * 100:5.1f}%'} {len(errors):>6}")
+            f"{'     -' if kernel is None else f'{kernel * 100:5.1f}%'} {len(errors):>6}"
+            f"{'' if page is None else f' {page / 1000:7.0f}'}")
 
 
 async def _one_row(args: argparse.Namespace, up: str, proxy: str | None, pid: int | None,
-                   conc: int, gap: float, scrape: bool) -> tuple[int, float, float | None, dict[str, float], float | None]:
+                   conc: int, gap: float, scrape: bool
+                   ) -> tuple[int, float, float | None, dict[str, float], float | None, int | None]:
+    """(events, seconds, CPU, first-text stamps, loop-lag p99, /metrics bytes at the row's end)."""
     url = f"{proxy}/up/v1/completions" if proxy else f"{up}/v1/completions"
     before = await _get(f"{proxy}/metrics") if proxy else ""
     cpu0 = cpu_of_tree(pid) if pid else 0.0
     events, elapsed, firsts = await drive(url, conc, gap, args.seconds, f"{proxy}/metrics" if scrape and proxy else None)
     cpu = (cpu_of_tree(pid) - cpu0) / elapsed if pid else None
-    lag99 = lag_quantile(before, await _get(f"{proxy}/metrics"), 0.99) if proxy else None
-    return events, elapsed, cpu, firsts, lag99
+    after = await _get(f"{proxy}/metrics") if proxy else ""
+    lag99 = lag_quantile(before, after, 0.99) if proxy else None
+    return events, elapsed, cpu, firsts, lag99, len(after.encode()) if proxy else None
 
 
 async def _get(url: str) -> str:
@@ -181,7 +188,7 @@ async def measure(args: argparse.Namespace, up_url: str, proxy_url: str, pid: in
     for conc, gap_ms in args.levels:
         gap = gap_ms / 1000
         for scrape in (False, True):
-            events, elapsed, cpu, firsts, lag99 = await _one_row(args, up_url, proxy_url, pid, conc, gap, scrape)
+            events, elapsed, cpu, firsts, lag99, page = await _one_row(args, up_url, proxy_url, pid, conc, gap, scrape)
             await asyncio.sleep(0.5)  # the last records
             stamps = json.loads(await _get(f"{up_url}/stamps"))
             recs = _records(records)
@@ -197,12 +204,12 @@ async def measure(args: argparse.Namespace, up_url: str, proxy_url: str, pid: in
                 miss = max(miss, err - rec["timing_uncertainty_s"])
             name = f"{label} C{conc}/{gap_ms:g}ms{' scrape' if scrape else ''}"
             print(_row(name, events, elapsed, cpu, errors, lag99, covered / len(errors) if errors else None,
-                       miss if errors else None, kernel / len(errors) if errors else None), flush=True)
+                       miss if errors else None, kernel / len(errors) if errors else None, page), flush=True)
             if args.json:
                 dump.append({"row": name, "errors": errors, "uncertainty": [
                     recs[r]["timing_uncertainty_s"] for r in stamps if r in recs and recs[r].get("ttft_s") is not None]})
         if args.direct and label == "proxy w1":
-            events, elapsed, _, firsts, _ = await _one_row(args, up_url, None, None, conc, gap, False)
+            events, elapsed, _, firsts, _, _ = await _one_row(args, up_url, None, None, conc, gap, False)
             stamps = json.loads(await _get(f"{up_url}/stamps"))
             errors = [firsts[r] - s for r, s in stamps.items() if r in firsts]
             print(_row(f"direct C{conc}/{gap_ms:g}ms", events, elapsed, None, errors, None, None), flush=True)
@@ -233,6 +240,9 @@ def main() -> int:
                     help="also run the proxy of another source tree (e.g. `git archive HEAD | tar -x -C DIR`) "
                          "as rows 'before', after each worker count's own rows")
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write each row's errors (s) to FILE")
+    ap.add_argument("--settle", type=float, default=65.0, metavar="S",
+                    help="seconds between a proxy's start and its first row (default 65: past the start-up "
+                         "minute in which /metrics shows every series)")
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_upstream:
@@ -256,7 +266,8 @@ def main() -> int:
         print(f"{args.events} events a stream, {args.seconds:g} s a row, 2 engines x 10 scenarios configured, "
               f"pinned: {args.pin and cpus >= 2}, CPUs: {cpus}\n")
         print(f"{'row':<26} {'events/s':>9} {'CPU':>5} {'err p50':>7} {'err p99':>7} {'err max':>7} "
-              f"{'err min':>7} {'|e| p99':>7} {'lag p99':>7} {'covered':>6} {'miss max':>8} {'kernel':>6} {'reqs':>6}")
+              f"{'err min':>7} {'|e| p99':>7} {'lag p99':>7} {'covered':>6} {'miss max':>8} {'kernel':>6} {'reqs':>6} "
+              f"{'page kB':>7}")
         trees: dict[str, Path | None] = {"proxy": None, **({"before": args.before} if args.before else {})}
         for workers in (int(w) for w in args.workers.split(",")):
             for name, tree in trees.items():
@@ -267,6 +278,7 @@ def main() -> int:
                 wait_http(f"http://127.0.0.1:{port}/-/ready", 30, proxy)
                 if args.pin and cpus >= 2:
                     pin(proxy.proc.pid, {0} if workers == 1 else set(range(cpus)), tree=True)
+                time.sleep(args.settle)
                 asyncio.run(measure(args, f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{port}",
                                     proxy.proc.pid, tmp / f"records-{port}" / "requests.jsonl", f"{name} w{workers}"))
                 proxy.stop()
