@@ -75,6 +75,7 @@ class Exchange:
         self.path = path
         # the scenario is the one current at the request's arrival, whenever the rest is booked
         self._scenario = self._resolve_scenario(request.headers.get("X-Bench-Scenario"))
+        self._turn = self._take_turn()  # at arrival too: turns follow the order requests came in
         self.spec = RequestSpec()
         self.relay: Relay | None = None  # while it runs: a cancelled request reads how far it got
         self.outcome: Outcome | None = None  # what the relay did, once it ran
@@ -216,12 +217,20 @@ class Exchange:
         header_round = headers.get("X-Bench-Round", "").strip()
         if _ROUND.fullmatch(header_round) and int(header_round) <= MAX_ROUND:
             rnd = int(header_round)
-        session = _safe_id(headers.get("X-Session-ID")) or _safe_id(headers.get("X-Correlation-ID"))
+        session, turn = self._turn
         return Identity(id=self.id, client_request_id=_safe_id(headers.get("X-Request-Id")),
                         engine=self.engine.name, scenario=scenario, round=rnd, route="/" + self.path,
                         stream=self.spec.stream, model=getattr(self.spec, "model", None), session_id=session,
-                        turn=None if session is None else self.state.sessions.turn(
-                            f"{self.engine.name} {session}", time.monotonic()))  # one engine's session
+                        turn=turn)
+
+    def _take_turn(self) -> tuple[str | None, int | None]:
+        """(session id, its turn) of a request that names a session, numbered as it arrives (a
+        request that ends before an earlier one is booked keeps its place); else (None, None)."""
+        headers = self.request.headers
+        session = _safe_id(headers.get("X-Session-ID")) or _safe_id(headers.get("X-Correlation-ID"))
+        if session is None:
+            return None, None
+        return session, self.state.sessions.turn(f"{self.engine.name} {session}", time.monotonic())  # one engine's
 
     async def _guarded(self) -> tuple[str | None, str | None]:
         """Read the request, relay it; return (transport reason, detail)."""

@@ -113,3 +113,24 @@ async def test_labels_that_fail_to_read_cost_neither_the_record_nor_the_in_fligh
     text = await (await client.get("/metrics")).text()
     assert metric_value(text, "llmbench_requests_in_flight", engine="vllm") == 0
     assert metric_value(text, "llmbench_arrivals_total", engine="vllm", scenario="none") == 1
+
+
+async def test_session_turns_follow_arrival_not_bookkeeping(upstream, tmp_path: Path) -> None:
+    """A request that ends before it ever yields (a 413 whose body was already read) books itself at
+    once, ahead of an earlier request whose bookkeeping the loop has not run yet: its turn number is
+    still taken as it arrived, after the earlier one's."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from exporter.proxy.app import STATE, create_app
+
+    from tests.helpers import make_config
+
+    app = create_app(make_config(tmp_path, upstream[1].port))
+    state = app[STATE]
+    engine = state.config.engine("vllm")
+    headers = {"X-Session-ID": "chat-1", "Content-Type": "application/json"}
+    first, second = (exchange_module.Exchange(
+        state, make_mocked_request("POST", "/vllm/v1/completions", headers=headers, app=app), engine,
+        "v1/completions") for _ in range(2))
+    assert (second._identity().turn, first._identity().turn) == (2, 1)  # labelled in the other order
+    assert first._identity().session_id == "chat-1"
