@@ -16,6 +16,14 @@ from .helpers import LiveStack, Upstream, make_config, require_prometheus, run_l
 E2E = Path(__file__).parent / "e2e"
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m "not slow"`` (the fast loop) deselects every test under ``tests/e2e``: their modules are
+    not even imported then."""
+    if config.getoption("markexpr", "") == "not slow" and (collection_path == E2E or E2E in collection_path.parents):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if E2E in Path(str(item.fspath)).parents:
