@@ -77,6 +77,10 @@ class ScrapeLog:
         for wake in self._wakes:
             wake.set()
 
+    def answered(self) -> bool:
+        """Whether a scrape was written out whole yet."""
+        return bool(self.seen)
+
     def final(self, at: float | None = None) -> None:
         """The counts are final from ``at`` (default now): scrapes that begin later read them."""
         self.since = self.clock() if at is None else at
@@ -109,10 +113,17 @@ class ScrapeLog:
 
     async def wait_scraped(self, after: float, timeout_s: float) -> bool:
         """Wait until every scraper that :meth:`unread` names has made a complete scrape that began at or
-        after ``after`` (on :attr:`clock`); False when ``timeout_s`` ran out first.  A one-off reader (a
-        ``curl``) is not waited for, nor is one whose next scrape is overdue.  Waiters do not disturb
-        each other, nor the drain's."""
-        return await self._wait(lambda now: self.unread(after, now), timeout_s)
+        after ``after`` (on :attr:`clock`); True when each did.  A one-off reader (a ``curl``) is not
+        waited for.  False, at once, where a scraper's next scrape is due after ``timeout_s`` (it is not
+        waited for), and when one fell overdue or the time ran out before it read.  Waiters do not
+        disturb each other, nor the drain's."""
+        now = self.clock()
+        owed = self.unread(after, now)
+        due = {s: self.seen[s] + self.interval[s] for s in owed}
+        if any(at > now + timeout_s for at in due.values()):
+            return False
+        await self._wait(lambda t: self.unread(after, t), timeout_s)
+        return all(self.began[s] >= after for s in owed)
 
     async def _wait(self, owing: Callable[[float], dict[str, float]], timeout_s: float) -> bool:
         deadline = self.clock() + timeout_s

@@ -18,7 +18,9 @@ is set once every scraper that scrapes at an interval has read them at zero, at 
 :data:`~exporter.proxy.shown.ANNOUNCE_WAIT_S` later, and answered then: a client that sends the
 round's requests after the answer has them all counted from a zero sample, and the round's span
 starts after the wait.  ``waited_s`` says how long that took; where the time ran out (or the
-supervisor could not say), ``warning`` says so.
+supervisor could not say), ``warning`` says so.  Announcements for an engine take their places in
+line as they arrive: one that waited is not set for an engine for which a later one came meanwhile
+(a clear, say); it is answered 409 when that leaves it no engine.
 """
 
 from __future__ import annotations
@@ -87,14 +89,19 @@ async def scenario_handler(request: web.Request) -> web.Response:
         return json_error(400, problem, "invalid_request")
     name, rnd, engine = doc.get("scenario"), doc.get("round", 0), doc.get("engine")
     label = None if name is None or name in CLEAR else state.scenarios.label(name)
-    waited, read = 0.0, True
-    if label is not None:  # the round's series are read at zero by the scrapers before it is set
-        engines = [engine] if engine is not None else [e.name for e in state.config.engines]
-        waited, read = await _read_by_scrapers(request, [(e, label) for e in engines])
+    waited: float = 0.0
+    read: bool | None = True
     try:
-        done: Announced = state.scenarios.announce(name, rnd, engine)
+        ticket = state.scenarios.ticket(engine)  # its place in line: a later one that overtakes it wins
+        if label is not None:  # the round's series are read at zero by the scrapers before it is set
+            engines = [engine] if engine is not None else [e.name for e in state.config.engines]
+            waited, read = await _read_by_scrapers(request, [(e, label) for e in engines])
+        done: Announced = state.scenarios.announce(name, rnd, engine, ticket)
     except (ValueError, OSError) as exc:  # the shared state could not take it: say so, keep serving
         return json_error(507, f"scenario not set: {exc}", "scenario_state")
+    if not done.engines:
+        return json_error(409, "a later POST /-/scenario for the same engines came while this one waited for "
+                          "the scrapers; that one is set", "superseded")
     if label not in (None, "other") and doc.get("cell"):
         try:
             state.scenarios.note_cell(label, rnd, done.engines, doc["cell"])
@@ -104,17 +111,23 @@ async def scenario_handler(request: web.Request) -> web.Response:
     warnings = [done.warning] if done.warning is not None else []
     if label is not None:
         answer["waited_s"] = round(waited, 3)
-        if not read:
+        if read is None:
+            warnings.append("the metrics renderer did not say whether the scrapers read the round's new series: "
+                            "a rate over the round's first scrape interval may miss its first requests")
+        elif not read:
             warnings.append(f"not every scraper read the round's new series within {ANNOUNCE_WAIT_S:g} s: a rate "
                             "over the round's first scrape interval may miss its first requests")
+    if done.superseded:
+        warnings.append(f"not set for {', '.join(done.superseded)}: a later POST /-/scenario for it came while "
+                        "this one waited")
     if warnings:
         answer["warning"] = "; ".join(warnings)
     return web.json_response(answer)
 
 
-async def _read_by_scrapers(request: web.Request, pairs: list[Pair]) -> tuple[float, bool]:
+async def _read_by_scrapers(request: web.Request, pairs: list[Pair]) -> tuple[float, bool | None]:
     """:func:`~exporter.proxy.shown.read_by_scrapers` here, or under ``serve`` by the supervisor, which
-    renders every scrape."""
+    renders every scrape (None: it did not answer)."""
     state = request.app[STATE]
     session = request.app.get(METRICS_SESSION)
     if session is None:
@@ -125,7 +138,7 @@ async def _read_by_scrapers(request: web.Request, pairs: list[Pair]) -> tuple[fl
             doc = await resp.json()
         return float(doc["waited_s"]), bool(doc["read"])
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError, TypeError):
-        return 0.0, False
+        return 0.0, None
 
 
 async def scenarios_handler(request: web.Request) -> web.Response:

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Gauge
@@ -64,6 +64,8 @@ class Announced:
     engines: list[str]
     changed: list[str]
     warning: str | None = None
+    #: engines left as they were: a later announcement came for them while this one waited
+    superseded: list[str] = field(default_factory=list)
 
 
 START_NAME = "llmbench_scenario_round_start_timestamp_seconds"
@@ -167,6 +169,8 @@ class ScenarioBoard:
         self._unknown_logged: set[str] = set()
         self._engines = list(engines)
         self._active: dict[str, Active] = {}
+        #: per engine, the ticket of the latest announcement that came for it (:meth:`ticket`)
+        self.tickets: dict[str, int] = {}
         self._metrics = metrics
         self._log = log
         self.rounds = RoundTimes(metrics)
@@ -220,15 +224,30 @@ class ScenarioBoard:
         """Activate (or with None or ``"none"`` clear) a scenario round for one engine or all of them."""
         return self.announce(scenario, round_, engine).engines
 
-    def announce(self, scenario: str | None, round_: int, engine: str | None = None) -> Announced:
+    def ticket(self, engine: str | None = None) -> int:
+        """A place in line for an announcement that may wait before it is set: the latest one that
+        came for an engine is the one whose round that engine gets (:meth:`announce`'s ``ticket``)."""
+        number = max(self.tickets.values(), default=0) + 1
+        for e in [engine] if engine is not None else self._engines:
+            self.tickets[e] = number
+        return number
+
+    def announce(self, scenario: str | None, round_: int, engine: str | None = None,
+                 ticket: int | None = None) -> Announced:
         """:meth:`set`, saying which engines' round changed and warning (one log line, and
         :attr:`Announced.warning`) when an engine's round was announced before in this run and
         cleared or replaced since: the evidence reports its records as a separate announcement.
         Set again unchanged, a round goes on (its start stays).  Only the kept rounds
-        (:data:`MAX_ROUNDS`) are remembered; ``warmup`` and clearing never warn (round 0 does)."""
+        (:data:`MAX_ROUNDS`) are remembered; ``warmup`` and clearing never warn (round 0 does).
+        With ``ticket``, only the engines for which no later announcement came are set (the others'
+        are in :attr:`Announced.superseded`)."""
         if scenario in CLEAR:
             scenario = None
         engines = [engine] if engine is not None else self._engines
+        superseded = [e for e in engines if ticket is not None and self.tickets.get(e, ticket) != ticket]
+        engines = [e for e in engines if e not in superseded]
+        if not engines:
+            return Announced([], [], None, superseded)
         label = None if scenario is None else self.label(scenario)
         now = time.time()
         changed: list[str] = []
@@ -263,7 +282,7 @@ class ScenarioBoard:
             "requested": None if scenario is None else scenario[:MAX_NAME],
             "round": round_ if label is not None else None,
         })
-        return Announced(list(engines), changed, warning)
+        return Announced(list(engines), changed, warning, superseded)
 
     def note_cell(self, label: str, round_: int, engines: list[str], cell: dict[str, Any]) -> None:
         """One ``scenarios.jsonl`` line with the announced round's cell parameters (its

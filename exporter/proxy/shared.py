@@ -11,8 +11,9 @@ workers there are.
 
 Layout: version (u64; odd while a writer is mid-way), length (u32), JSON
 ``{"active": {engine: [scenario, round, since_unix]}, "rounds": [[scenario, round,
-{engine: [start_unix, end_unix or null]}], ...]}`` (rounds oldest first).  Writers hold
-``flock`` on the file.
+{engine: [start_unix, end_unix or null]}], ...], "tickets": {engine: number}}`` (rounds oldest
+first; tickets: the latest announcement's place in line per engine).  Writers hold ``flock`` on
+the file.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class SharedBoard:
         self._board.restore({e: Active(v[0], int(v[1])) for e, v in active.items()})
         self._since = {e: float(v[2]) for e, v in active.items()}
         self._board.rounds.load(state.get("rounds", []))
+        self._board.tickets = dict(state.get("tickets", {}))
 
     def resolve(self, engine: str, header: str | None) -> tuple[str, int | None]:
         self._pull()
@@ -119,20 +121,36 @@ class SharedBoard:
     def set(self, scenario: str | None, round_: int, engine: str | None = None) -> list[str]:
         return self.announce(scenario, round_, engine).engines
 
-    def announce(self, scenario: str | None, round_: int, engine: str | None = None) -> Announced:
+    def ticket(self, engine: str | None = None) -> int:
+        """:meth:`ScenarioBoard.ticket` under the lock, in the shared state: the workers' announcements
+        take their places in one line."""
+        with self._shared.locked():
+            self._pull()
+            number: int = self._board.ticket(engine)
+            self._publish()
+        return number
+
+    def announce(self, scenario: str | None, round_: int, engine: str | None = None,
+                 ticket: int | None = None) -> Announced:
         """:meth:`ScenarioBoard.announce` under the lock, from and into the shared state: a round
         announced before through any worker of this ``serve`` start is known (the kept rounds
         travel in the state), so the warning does not depend on the worker a POST reaches."""
         with self._shared.locked():
             self._pull()
-            done: Announced = self._board.announce(scenario, round_, engine)
+            done: Announced = self._board.announce(scenario, round_, engine, ticket)
             now = time.time()
             for e in done.changed:
                 self._since[e] = now
-            active = {e: [a.scenario, a.round, self._since.get(e, now)] for e, a in self._board.actives().items()}
-            self._shared.write_locked({"active": active, "rounds": self._board.rounds.export()})
-            self._seen = self._shared.version()
+            self._publish(now)
         return done
+
+    def _publish(self, now: float | None = None) -> None:
+        """The board's state into the shared file (the caller holds the lock)."""
+        now = time.time() if now is None else now
+        active = {e: [a.scenario, a.round, self._since.get(e, now)] for e, a in self._board.actives().items()}
+        self._shared.write_locked({"active": active, "rounds": self._board.rounds.export(),
+                                   "tickets": self._board.tickets})
+        self._seen = self._shared.version()
 
     def __getattr__(self, name: str) -> Any:
         self._pull()

@@ -19,13 +19,14 @@ A pair is shown from the first of:
   count (:func:`dashboards.promql.exact_count`) takes a series first seen inside its window as
   started at zero and counts it whole; a rate misses what came before the series' first scrape.
 
-For its first :data:`SHOW_ALL_S` seconds a proxy shows every series, at zero where nothing counted:
+For its first :data:`SHOW_ALL_S` seconds, and until a scrape of it was answered whole, a proxy
+shows every series, at zero where nothing counted:
 each scraper then holds a zero sample of every pair after a start, which is how an exact count sees
 a restart that lost the counts (a series below its last sample before the restart), and how a
 round announced before a new scraper's second scrape still starts from a zero sample.
 
-Scenario ``none`` is always shown, and a pair once shown stays so for the life of the process
-(``used`` only grows), so a series never goes stale between two rounds.  Only families of type
+Scenario ``none`` is always shown, and a pair once used, announced or asked for stays shown for the
+life of the process, so a series never goes stale between two rounds.  Only families of type
 counter or histogram whose samples carry both ``engine`` and ``scenario`` are filtered: gauges
 (the round times, the scenario info) have their own bounds.  The values themselves are untouched:
 the snapshot a restart continues from, and every later count, include what was left off.
@@ -64,15 +65,18 @@ def _pair(labels: dict[str, str]) -> Pair | None:
 class ShownSeries:
     """A collector that yields ``inner``'s families with the series of unused pairs left off.
 
-    ``active``: the (engine, scenario) pairs of the rounds active now.  :attr:`shown` is the set
-    of pairs the last answer showed (the announcement's wait asks it)."""
+    ``active``: the (engine, scenario) pairs of the rounds active now; ``scraped``: whether a scrape
+    was answered whole since the start (until then, and for :data:`SHOW_ALL_S`, every series is
+    shown).  :attr:`shown` is the set of pairs the last answer showed (the announcement's wait asks
+    it)."""
 
-    def __init__(self, inner: Any, active: Callable[[], Iterable[Pair]],
+    def __init__(self, inner: Any, active: Callable[[], Iterable[Pair]], scraped: Callable[[], bool],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._inner = inner
         self._active = active
+        self._scraped = scraped
         self._clock = clock
-        #: until then (on ``clock``) every series is shown: the start-up minute
+        #: until then (on ``clock``), and until a scrape was answered whole, every series is shown
         self.all_until = clock() + SHOW_ALL_S
         self.used: set[Pair] = set()
         self.requested: set[Pair] = set()  # by an announcement, before its round is set
@@ -97,14 +101,15 @@ class ShownSeries:
             for family in families:
                 if family.type in _FILTERED:
                     self._note_used(family)
-            show = frozenset(self.used.union(self.requested, self._active()))
+            self.requested.update(self._active())  # a round's pairs stay shown after it ends
+            show = frozenset(self.used.union(self.requested))
             self.shown = show
             if self._all():
                 return families
             return [self._shown(family, show) for family in families]
 
     def _all(self) -> bool:
-        return self._clock() < self.all_until
+        return self._clock() < self.all_until or not self._scraped()
 
     def request(self, pairs: Iterable[Pair]) -> None:
         """Show ``pairs`` from the next answer on (an announcement about to set their round)."""

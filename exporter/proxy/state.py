@@ -124,7 +124,7 @@ class ProxyState:
         self.draining = False  # SIGTERM: /-/ready fails, new engine requests are refused (:mod:`.drain`)
         self.scrapes = ScrapeLog()  # complete scrapes by scraper, for the drain's last reads
         #: what the in-process /metrics answers (under ``serve`` the supervisor's renderer does this)
-        self.shown = ShownSeries(registry, self._active_pairs)
+        self.shown = ShownSeries(registry, self._active_pairs, self.scrapes.answered)
         self.shutdown_grace_s = 5.0  # requests in flight at shutdown get this long to finish
         self.exchanges = InFlight()  # handler tasks of measured requests
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -253,8 +253,8 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     source = make_source(config.gpu, lambda: _in_flight(run_dir))
     if source is not None:
         tasks.append(asyncio.create_task(poll_forever(source, GpuCollector(registry), config.gpu_interval_s)))
-    shown = ShownSeries(registry, lambda: active_pairs(shared.read()[1]))
     scrapes = drain[0] if drain is not None else ScrapeLog()
+    shown = ShownSeries(registry, lambda: active_pairs(shared.read()[1]), scrapes.answered)
     app = web.Application()
     app.router.add_get("/metrics", tracked(metrics_handler(shown), scrapes))
     app.router.add_post("/-/shown", shown_handler(shown, scrapes))

@@ -202,7 +202,7 @@ def test_a_round_shorter_than_a_scrape_interval_is_found_from_prometheus_alone(t
         prom_url = stack.start_prometheus()
         scenario = f"{stack.proxy_url}/-/scenario"
         just_after_a_scrape(prom_url, stack.proxy_url.removeprefix("http://"))  # no scrape inside the round
-        requests.post(scenario, json={"scenario": "blip", "round": 1}, timeout=5).raise_for_status()
+        requests.post(scenario, json={"scenario": "blip", "round": 1}, timeout=30).raise_for_status()
         body = {"model": "m", "prompt": "a b c", "max_tokens": 4, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
         t0 = time.time()

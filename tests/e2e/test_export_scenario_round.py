@@ -71,7 +71,7 @@ def _send(proxy: str, engine: str, n: int, fault_every: int = 0) -> None:
 
 
 def _announce(proxy: str, scenario: str | None, rnd: int = 1) -> None:
-    requests.post(f"{proxy}/-/scenario", json={"scenario": scenario, "round": rnd}, timeout=10).raise_for_status()
+    requests.post(f"{proxy}/-/scenario", json={"scenario": scenario, "round": rnd}, timeout=30).raise_for_status()
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ def test_workers_share_one_view(tmp_path: Path) -> None:
         wait_http(f"{url}/-/ready", 30, proxy)
         assert asyncio.run(_send(url, 48)) == [200] * 48
         body = json.dumps({"scenario": "s2", "round": 5}).encode()
-        urllib.request.urlopen(urllib.request.Request(f"{url}/-/scenario", data=body, method="POST"), timeout=10)
+        urllib.request.urlopen(urllib.request.Request(f"{url}/-/scenario", data=body, method="POST"), timeout=30)
         assert asyncio.run(_send(url, 32)) == [200] * 32  # on whichever worker: all see s2 round 5
         text = _metrics(url)
         records = [json.loads(x) for x in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]

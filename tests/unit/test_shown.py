@@ -47,6 +47,9 @@ def _pairs(text: str, family_type: str) -> set[tuple[str, str]]:
 async def test_a_fresh_proxy_shows_scenario_none_only_and_a_quarter_of_the_page(
         aiohttp_client: Any, tmp_path: Path, upstream: Any) -> None:
     client = await _proxy(aiohttp_client, tmp_path, upstream[1].port)
+    first = await (await client.get("/metrics", headers={"Accept-Encoding": "identity"})).read()
+    # the first scrape answered shows every series at zero (a restart's zero sample), then no more
+    assert ("vllm", "s7") in _pairs(first.decode(), "histogram")
     body = await (await client.get("/metrics", headers={"Accept-Encoding": "identity"})).read()
     assert len(body) <= QUARTER, len(body)
     shown = _pairs(body.decode(), "histogram") | _pairs(body.decode(), "counter")
@@ -65,6 +68,7 @@ async def test_a_scenario_named_by_a_header_is_shown_from_its_first_count(
     await resp.read()
     (record,) = await wait_for_records(tmp_path, 1)
     assert record["scenario"] == "s3" and record["outcome"] == "success"
+    await client.get("/metrics")  # the first scrape answered shows every series
     text = await (await client.get("/metrics")).text()
     assert metric_value(text, "llmbench_time_to_first_token_seconds_count", engine="vllm", scenario="s3") == 1
     # every family of the pair, the ones nothing was observed in too, and only that engine's
@@ -129,6 +133,37 @@ async def test_every_series_is_shown_in_the_first_minute_and_then_only_the_used(
     client.app[STATE].shown.all_until = 0.0  # the minute is over
     later = await (await client.get("/metrics")).text()
     assert _pairs(later, "histogram") == {(e, s) for e in ("vllm", "sglang") for s in ("none", "s4")}
+
+
+async def test_a_later_announcement_that_came_while_one_waited_is_the_one_set(
+        aiohttp_client: Any, tmp_path: Path, upstream: Any) -> None:
+    client = await _proxy(aiohttp_client, tmp_path, upstream[1].port)
+    scrapes = client.app[STATE].scrapes
+    now = [1000.0]
+    scrapes.clock = lambda: now[0]
+    for _ in range(2):
+        assert (await client.get("/metrics")).status == 200
+        now[0] += 5.0
+    waiting = asyncio.create_task(client.post("/-/scenario", json={"scenario": "s6", "round": 1, "engine": "vllm"}))
+    for _ in range(500):
+        if ("vllm", "s6") in client.app[STATE].shown.requested:
+            break
+        await asyncio.sleep(0.01)
+    cleared = await client.post("/-/scenario", json={"scenario": None, "engine": "vllm"})  # a clear overtakes it
+    assert cleared.status == 200
+    await client.get("/metrics")  # the scrape the first one waited for
+    late = await waiting
+    assert late.status == 409 and (await late.json())["error"]["type"] == "superseded"
+    assert (await (await client.get("/-/scenarios")).json())["active"]["vllm"] is None
+
+
+async def test_a_scraper_due_after_the_wait_is_not_waited_for_and_the_answer_says_so() -> None:
+    now = [0.0]
+    log = ScrapeLog(clock=lambda: now[0])
+    log.completed("slow", began=0.0)
+    now[0] = 45.0
+    log.completed("slow", began=44.0)  # every 45 s: its next scrape after a 20 s wait
+    assert await log.wait_scraped(after=45.0, timeout_s=20.0) is False
 
 
 def test_only_a_scraper_with_an_interval_is_owed_and_only_until_it_is_overdue() -> None:
