@@ -94,8 +94,7 @@ async def scenario_handler(request: web.Request) -> web.Response:
     try:
         ticket = state.scenarios.ticket(engine)  # its place in line: a later one that overtakes it wins
         if label is not None:  # the round's series are read at zero by the scrapers before it is set
-            engines = [engine] if engine is not None else [e.name for e in state.config.engines]
-            waited, read = await _read_by_scrapers(request, [(e, label) for e in engines])
+            waited, read = await _read_by_scrapers(request, [(e, label) for e in state.scenarios.targets(engine)])
         done: Announced = state.scenarios.announce(name, rnd, engine, ticket)
     except (ValueError, OSError) as exc:  # the shared state could not take it: say so, keep serving
         return json_error(507, f"scenario not set: {exc}", "scenario_state")

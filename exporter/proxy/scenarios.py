@@ -224,11 +224,15 @@ class ScenarioBoard:
         """Activate (or with None or ``"none"`` clear) a scenario round for one engine or all of them."""
         return self.announce(scenario, round_, engine).engines
 
+    def targets(self, engine: str | None) -> list[str]:
+        """The engines an announcement for ``engine`` is for (None: every one)."""
+        return [engine] if engine is not None else list(self._engines)
+
     def ticket(self, engine: str | None = None) -> int:
         """A place in line for an announcement that may wait before it is set: the latest one that
         came for an engine is the one whose round that engine gets (:meth:`announce`'s ``ticket``)."""
         number = max(self.tickets.values(), default=0) + 1
-        for e in [engine] if engine is not None else self._engines:
+        for e in self.targets(engine):
             self.tickets[e] = number
         return number
 
@@ -243,7 +247,7 @@ class ScenarioBoard:
         are in :attr:`Announced.superseded`)."""
         if scenario in CLEAR:
             scenario = None
-        engines = [engine] if engine is not None else self._engines
+        engines = self.targets(engine)
         superseded = [e for e in engines if ticket is not None and self.tickets.get(e, ticket) != ticket]
         engines = [e for e in engines if e not in superseded]
         if not engines:

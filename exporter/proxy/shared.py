@@ -67,6 +67,10 @@ class SharedScenarios:
             time.sleep(0)
         raise RuntimeError(f"{self.path}: scenario state stays mid-write")
 
+    def active_pairs(self) -> list[tuple[str, str]]:
+        """The (engine, scenario) pairs of the rounds active now."""
+        return [(engine, str(v[0])) for engine, v in self.read()[1].get("active", {}).items()]
+
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         fcntl.flock(self._fd, fcntl.LOCK_EX)

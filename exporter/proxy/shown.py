@@ -45,7 +45,7 @@ from prometheus_client.metrics_core import Metric
 from .drain import ScrapeLog
 from .merge import MergedFamily
 
-__all__ = ["ShownSeries", "ANNOUNCE_WAIT_S", "SHOW_ALL_S", "Pair", "read_by_scrapers", "active_pairs", "shown_handler"]
+__all__ = ["ShownSeries", "ANNOUNCE_WAIT_S", "SHOW_ALL_S", "Pair", "read_by_scrapers", "shown_handler"]
 
 Pair = tuple[str, str]
 #: the longest an announcement waits for the scrapers to read a newly shown pair's zeros
@@ -151,12 +151,6 @@ class ShownSeries:
             out.samples = [s for s in family.samples if keep(s.labels)]
         self._last[family.name] = (family, show, out)
         return out
-
-
-def active_pairs(state: dict[str, Any]) -> list[Pair]:
-    """The (engine, scenario) pairs of the active rounds in a shared scenario state
-    (:mod:`exporter.proxy.shared`)."""
-    return [(engine, str(v[0])) for engine, v in state.get("active", {}).items()]
 
 
 async def read_by_scrapers(shown: ShownSeries, scrapes: ScrapeLog, pairs: Iterable[Pair],

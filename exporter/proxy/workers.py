@@ -241,7 +241,7 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     from .gpu import GpuCollector, make_source, poll_forever
     from .metrics import EngineCollector, ProxyInfoCollector
     from .shared import SharedScenarios
-    from .shown import ShownSeries, active_pairs, shown_handler
+    from .shown import ShownSeries, shown_handler
     from .wire.upstream import Pool
 
     shared = SharedScenarios(run_dir / "scenarios.state")
@@ -254,7 +254,7 @@ async def render_forever(config: Config, run_dir: Path, stop: asyncio.Event, nic
     if source is not None:
         tasks.append(asyncio.create_task(poll_forever(source, GpuCollector(registry), config.gpu_interval_s)))
     scrapes = drain[0] if drain is not None else ScrapeLog()
-    shown = ShownSeries(registry, lambda: active_pairs(shared.read()[1]), scrapes.answered)
+    shown = ShownSeries(registry, shared.active_pairs, scrapes.answered)
     app = web.Application()
     app.router.add_get("/metrics", tracked(metrics_handler(shown), scrapes))
     app.router.add_post("/-/shown", shown_handler(shown, scrapes))
