@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.proxy.gpu import FIELDS, LABELS, GpuCollector, NvmlSource, SimSource, check_source, make_source
 
-from tests.helpers import metric_value
+from tests.helpers import metric_value, samples
 
 
 class _Mem:
@@ -83,9 +83,7 @@ def fake_nvml(count: int = 3, broken: dict[tuple[int, str], int] | None = None, 
 
 
 def _samples(text: str, name: str) -> list[dict[str, str]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return [s.labels for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    return [s.labels for s in samples(text, name)]
 
 
 def test_nvml_readings_units_and_labels() -> None:

@@ -18,7 +18,7 @@ from exporter.proxy.metrics import ProxyMetrics
 from exporter.proxy.records import JsonlWriter
 from exporter.proxy.scenarios import MAX_NAME, MAX_ROUNDS, ScenarioBoard
 
-from tests.helpers import make_config, metric_value
+from tests.helpers import make_config, metric_value, samples
 
 ROOT = Path(__file__).resolve().parents[2]
 START = "llmbench_scenario_round_start_timestamp_seconds"
@@ -26,8 +26,7 @@ END = "llmbench_scenario_round_end_timestamp_seconds"
 
 
 def _series(text: str, name: str) -> dict[tuple[str, str, str], float]:
-    return {(s.labels["engine"], s.labels["scenario"], s.labels["round"]): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
+    return {(s.labels["engine"], s.labels["scenario"], s.labels["round"]): s.value for s in samples(text, name)}
 
 
 def _events(tmp_path: Path) -> list[dict[str, Any]]:
