@@ -28,6 +28,7 @@ from .gpu import GpuCollector, make_source, poll_forever
 from .metrics import EngineCollector, ProxyInfoCollector
 from .scenario_api import scenario_handler, scenarios_handler
 from .state import CONFIG, METRICS_SESSION, STATE, ProxyState, Worker
+from .wire.server import mark_responses
 from .wire.upstream import Pool, origin_of, request_head
 
 __all__ = ["create_app", "CONFIG", "STATE", "ProxyState", "Worker"]
@@ -224,6 +225,7 @@ def create_app(config: Config, registry: CollectorRegistry | None = None, worker
         app.cleanup_ctx.append(_engine_watch)
         app.cleanup_ctx.append(_gpu_collector)
     app.on_shutdown.append(_on_shutdown)
+    mark_responses(app)  # a connection's next read starts its next request (wire.server)
     app.router.add_get("/metrics", _metrics_handler if state.worker.multiprocess else tracked(_metrics_handler,
                                                                                              state.scrapes))
     app.router.add_get("/-/healthy", _healthy)

@@ -34,6 +34,7 @@ from .trace import Traced
 from .wire.clientsock import received_at
 from .wire.errors import transport_reason
 from .wire.relay import ClientGone, Outcome, Relay
+from .wire.server import take_arrival
 from .wire.upstream import origin_of, request_head
 
 __all__ = ["Exchange", "json_error"]
@@ -68,7 +69,13 @@ class Exchange:
     """One proxied request: forwards it through its relay, measures it, records it exactly once."""
 
     def __init__(self, state: ProxyState, request: web.Request, engine: Engine, path: str) -> None:
-        self.arrived = time.time()  # first: no relay means this is its t0 too (the kernel's, if earlier: _book)
+        # first: no relay means this is its t0 too.  The kernel's stamp of the read that brought the
+        # request where the proxy reads the client's socket itself (wire.server), else the handler's
+        # clock (or TCP_INFO's, where that is clearly earlier: _book)
+        now = time.time()
+        stamped = take_arrival(request.transport)
+        self.arrived_stamped = stamped is not None and stamped <= now
+        self.arrived = stamped if stamped is not None and self.arrived_stamped else now
         self.state = state
         self.request = request
         self.engine = engine
@@ -126,7 +133,7 @@ class Exchange:
         self._booked = True
         # the kernel's figure is when the client's last data came: read after the send it is the
         # same unless the client sent more since (a body still coming in while the loop ran)
-        kernel = received_at(self.request.transport)
+        kernel = None if self.arrived_stamped else received_at(self.request.transport)
         if kernel is not None and kernel < self.arrived - QUEUED_S:
             self.arrived = kernel
         self.id = uuid.uuid4().hex

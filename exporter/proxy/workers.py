@@ -48,6 +48,8 @@ log = logging.getLogger("llmbench")
 #: on SIGTERM, requests in flight get this long to finish; the rest are recorded as
 #: ``proxy_error`` ("the proxy shut down while the request was in flight")
 SHUTDOWN_GRACE_S = 5.0
+#: the listening socket's queue of connections not yet accepted (a round's burst of new clients)
+LISTEN_BACKLOG = 4096
 _RUN_PREFIX = "llmbench-serve-"
 #: the supervisor's CPU priority, below the workers': a worker woken by a socket preempts a
 #: /metrics render at once (the workers are forked before this is set)
@@ -80,7 +82,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        sock.listen(4096)
+        sock.listen(LISTEN_BACKLOG)
     except OSError:
         sock.close()
         raise
@@ -116,7 +118,6 @@ def _worker_main(config: Config, sock: socket.socket, index: int, count: int, ru
     from .valuefiles import use_multiprocess_values
 
     use_multiprocess_values()  # before any metric is made
-    from aiohttp import web
 
     app = worker_app(config, index, count, run_dir, run_id)
     app.on_startup.append(_freeze_startup_objects)
@@ -125,8 +126,9 @@ def _worker_main(config: Config, sock: socket.socket, index: int, count: int, ru
     for sig in (signal.SIGINT, signal.SIGTERM):  # the supervisor's drain: this worker's requests
         loop.add_signal_handler(sig, drain)
     loop.add_signal_handler(signal.SIGUSR1, _stop_once())  # the supervisor's "exit now"
-    web.run_app(app, sock=sock, access_log=None, handler_cancellation=True, print=None,
-                shutdown_timeout=1.0, loop=loop, handle_signals=False)
+    from .wire.server import run_app
+
+    run_app(app, sock, loop, backlog=LISTEN_BACKLOG, shutdown_timeout=1.0)
 
 
 def _drain_once(app: Any, index: int) -> Callable[[], None]:

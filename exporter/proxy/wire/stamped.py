@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["StampedSocket", "TLSStream", "kernel_stamp", "SO_TIMESTAMPNS", "READ_SIZE"]
+__all__ = ["StampedSocket", "TLSStream", "kernel_stamp", "read_stamped", "SO_TIMESTAMPNS", "READ_SIZE"]
 
 #: ``SO_TIMESTAMPNS`` (Linux, asm-generic: 35), where the socket module lacks the name
 SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if hasattr(socket, "TCP_CONGESTION") else None)
@@ -57,6 +57,15 @@ def kernel_stamp(ancdata: list[tuple[int, int, bytes]]) -> float | None:
             sec, nsec = _TIME_NS.unpack_from(data)
             return float(sec + nsec * 1e-9)
     return None
+
+
+def read_stamped(sock: socket.socket) -> tuple[bytes, float | None]:
+    """One ``recvmsg`` of ``sock`` into this thread's buffer: the bytes that came (``b""``: the
+    peer's end of data) and the kernel's receive stamp of the read (None where it carried none).
+    Raises what ``recvmsg_into`` raises."""
+    read = _READ
+    size, ancdata, _, _ = sock.recvmsg_into(read.into, _ANC_SPACE)
+    return read.view[:size].tobytes(), (kernel_stamp(ancdata) if ancdata else None)
 
 
 class StampedSocket:
@@ -127,19 +136,16 @@ class StampedSocket:
         self.loop.remove_writer(self.fd)
 
     def _on_readable(self) -> None:
-        read = _READ
         try:
-            size, ancdata, _, _ = self.sock.recvmsg_into(read.into, _ANC_SPACE)
+            data, stamp = read_stamped(self.sock)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._fail(exc)
             return
-        if not size:
+        if not data:
             self._fail(None)
             return
-        data = read.view[:size].tobytes()
-        stamp = kernel_stamp(ancdata) if ancdata else None
         if stamp is None:
             self.unstamped += 1
             stamp = time.time()

@@ -1,0 +1,244 @@
+"""The proxy's server side: each client connection read by the proxy, every read stamped by the
+kernel, and handed to aiohttp's own protocol (its parser, application, routes and handlers).
+
+A request's arrival is where the proxy's hold of it starts (``proxy_added_s``).  aiohttp reads the
+client's socket in the loop's own code, so the handler's clock starts only once the loop got to
+that socket and aiohttp parsed the request: a request that waited in the socket's receive queue
+while the loop was busy with other streams would not show it.  So, as the upstream's sockets are
+(:mod:`exporter.proxy.wire.stamped`), each client connection is read here with ``recvmsg`` and the
+kernel's receive stamp (``SO_TIMESTAMPNS``):
+
+* :class:`ClientConnection` is the protocol the loop talks to.  At ``connection_made`` it stops
+  the loop's transport from reading (``pause_reading``) and reads a duplicate of the connection's
+  descriptor itself (``add_reader``: no polling), then hands aiohttp's :class:`RequestHandler` a
+  :class:`ClientTransport`: the loop's transport, except that reading is the proxy's.  Writes go
+  to the loop's transport unchanged (its bound ``write``: no call of ours per write).
+* ``pause_reading`` and ``resume_reading`` (aiohttp's flow control of a request body) stop and
+  start the proxy's reads; the end of the client's data (``b""``) is aiohttp's ``eof_received``;
+  the connection's end (``connection_lost``) stops the reads and closes the duplicate.
+* :func:`take_arrival` gives a handler the kernel's stamp of the first read since the last
+  response was prepared on the connection (``on_response_prepare``, :func:`mark_responses`): the
+  read that brought its request's first bytes.  None where the connection is not read here (TLS,
+  a Unix socket, a test's own server): the caller keeps its own clock.
+
+:func:`start` serves a runner's application this way on a listening socket, and :func:`run_app`
+runs it as ``web.run_app`` would: ``serve``'s workers run on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from .stamped import SO_TIMESTAMPNS, read_stamped
+
+__all__ = ["ClientConnection", "ClientTransport", "start", "run_app", "take_arrival", "mark_responses"]
+
+
+class ClientTransport:
+    """The loop's transport of one client connection, as aiohttp's protocol sees it: every call goes
+    to the loop's transport but reading, which :class:`ClientConnection` does."""
+
+    def __init__(self, inner: asyncio.Transport, owner: ClientConnection) -> None:
+        self._inner = inner
+        self._owner = owner
+        self.write = inner.write  # the hot path: no call of ours per write
+        self.writelines = inner.writelines
+        self.is_closing = inner.is_closing
+        self.get_extra_info = inner.get_extra_info
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the loop's transport's
+        return getattr(self._inner, name)
+
+    def pause_reading(self) -> None:
+        self._owner.pause()
+
+    def resume_reading(self) -> None:
+        self._owner.resume()
+
+    def is_reading(self) -> bool:
+        return self._owner.reading
+
+    def take_arrival(self) -> float | None:
+        """The stamp of the first read since the last take (None: none came since)."""
+        owner = self._owner
+        first, owner.first = owner.first, None
+        return first
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+
+class ClientConnection(asyncio.Protocol):
+    """Reads one client connection with the kernel's stamps and hands each read to ``inner``
+    (aiohttp's protocol); see the module's docstring."""
+
+    def __init__(self, inner: asyncio.Protocol) -> None:
+        self.inner = inner
+        self.transport: ClientTransport | None = None
+        self.sock: socket.socket | None = None
+        self.reading = False
+        self.first: float | None = None  # the stamp of the first read since the last response
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        inner_transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self.sock = _duplicate(transport)
+        if self.sock is not None:
+            self.transport = ClientTransport(inner_transport, self)
+            inner_transport.pause_reading()
+            self.resume()
+            self.inner.connection_made(self.transport)  # type: ignore[arg-type]
+        else:  # not a TCP socket the proxy can read: the loop reads it, as it would
+            self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:  # the loop's reads (before the pause, or unowned)
+        if self.first is None:
+            self.first = time.time()
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
+        self.inner.connection_lost(exc)
+
+    # -- the proxy's reads ----------------------------------------------------------------------
+
+    def pause(self) -> None:
+        if self.reading and self.sock is not None:
+            self.reading = False
+            self._loop.remove_reader(self.sock.fileno())
+
+    def resume(self) -> None:
+        if not self.reading and self.sock is not None:
+            self.reading = True
+            self._loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        sock = self.sock
+        if sock is None:
+            return
+        try:
+            data, stamp = read_stamped(sock)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # reset by the client: the loop's transport ends the connection
+            self._release()
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if not data:  # the client's end of data
+            self.pause()
+            if not self.inner.eof_received() and self.transport is not None:
+                self.transport.close()
+            return
+        if self.first is None:
+            self.first = stamp if stamp is not None else time.time()
+        self.inner.data_received(data)
+
+    def _release(self) -> None:
+        self.pause()
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+
+
+def _duplicate(transport: asyncio.BaseTransport) -> socket.socket | None:
+    """A duplicate of the connection's TCP socket, stamped on receipt; None where it is not one
+    (TLS, a Unix socket) or the platform has no receive stamps."""
+    if SO_TIMESTAMPNS is None or transport.get_extra_info("sslcontext") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        dup = socket.socket(sock.family, socket.SOCK_STREAM, fileno=os.dup(sock.fileno()))
+    except OSError:
+        return None
+    try:
+        dup.setblocking(False)
+        dup.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        dup.close()
+        return None
+    return dup
+
+
+def take_arrival(transport: object) -> float | None:
+    """The kernel's stamp of the read that brought the current request's first bytes (unix
+    seconds), once; None where the connection is not read by :class:`ClientConnection`."""
+    return transport.take_arrival() if isinstance(transport, ClientTransport) else None
+
+
+def mark_responses(app: web.Application) -> None:
+    """Each response prepared on a connection ends its request's reads: the next read starts the
+    next request (its arrival), whatever the handler (``/metrics``, ``/health``) took or not."""
+
+    async def prepared(request: web.Request, response: web.StreamResponse) -> None:
+        take_arrival(request.transport)
+
+    app.on_response_prepare.append(prepared)
+
+
+async def start(runner: web.AppRunner, sock: socket.socket, backlog: int = 1024) -> asyncio.AbstractServer:
+    """Serve ``runner``'s application (set up) on the listening ``sock``, each connection read by
+    a :class:`ClientConnection`."""
+    server = runner.server
+    assert server is not None, "runner.setup() first"
+    factory: Callable[[], asyncio.Protocol] = server
+    return await asyncio.get_running_loop().create_server(lambda: ClientConnection(factory()), sock=sock,
+                                                          backlog=backlog)
+
+
+def run_app(app: web.Application, sock: socket.socket, loop: asyncio.AbstractEventLoop, backlog: int,
+            shutdown_timeout: float) -> None:
+    """``web.run_app``'s shape on :func:`start`: serves ``app`` on ``sock`` until a stop
+    (``GracefulExit``, raised by a signal's handler), then shuts it down (its requests get
+    ``shutdown_timeout``), cancels what is left and closes the loop."""
+
+    async def main() -> None:
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+        await runner.setup()
+        server = await start(runner, sock, backlog=backlog)
+        try:
+            await asyncio.Event().wait()  # until the stop cancels it
+        finally:
+            server.close()
+            await runner.cleanup()
+
+    asyncio.set_event_loop(loop)
+    task = loop.create_task(main())
+    try:
+        loop.run_until_complete(task)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        try:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(task)
+        finally:
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in left:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()

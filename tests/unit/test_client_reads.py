@@ -1,0 +1,179 @@
+"""The proxy reads its clients' sockets itself (``exporter/proxy/wire/server.py``): each read
+stamped by the kernel and handed to aiohttp's own protocol, so a request's arrival is the kernel's
+receipt of it, however late the loop got to its socket (SPEC 27)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from exporter.proxy.app import create_app
+from exporter.proxy.wire.server import ClientTransport, mark_responses, start, take_arrival
+from exporter.proxy.wire.stamped import SO_TIMESTAMPNS
+
+from tests.helpers import eventually, make_config, wait_for_records
+from tests.unit.test_proxy_added import BODY, HELD_S, Prompt, StampedClient
+from tests.unit.test_relay import engine_factory  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.skipif(SO_TIMESTAMPNS is None, reason="the kernel's receive stamps are Linux's")
+
+Serve = Callable[[web.Application], Awaitable[int]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """Serves an app the way ``serve``'s workers do (``wire.server.start``); its port."""
+    runners: list[tuple[web.AppRunner, asyncio.AbstractServer]] = []
+
+    async def make(app: web.Application) -> int:
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        sock = socket.create_server(("127.0.0.1", 0))
+        runners.append((runner, await start(runner, sock)))
+        return int(sock.getsockname()[1])
+
+    yield make
+    for runner, server in runners:
+        server.close()
+        await runner.cleanup()
+
+
+def _arrivals_app(seen: dict[str, Any]) -> web.Application:
+    async def take(request: web.Request) -> web.Response:
+        seen["handler"] = time.time()
+        seen["arrival"] = take_arrival(request.transport)
+        seen["transport"] = request.transport
+        return web.Response(text="ok")
+
+    async def other(request: web.Request) -> web.Response:
+        return web.Response(text="other")
+
+    async def body(request: web.Request) -> web.Response:
+        transport = request.transport
+        await eventually(lambda: asyncio.sleep(0, transport is not None and not transport.is_reading()))
+        seen["paused"] = True  # the body's flow control stopped the proxy's own reads
+        data = await request.read()
+        return web.Response(text=f"{len(data)} {hashlib.sha256(data).hexdigest()}")
+
+    async def hang(request: web.Request) -> web.Response:
+        seen["transport"] = request.transport
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen["cancelled"] = True
+            raise
+        raise AssertionError("unreachable")
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_get("/take", take)
+    app.router.add_get("/other", other)
+    app.router.add_post("/body", body)
+    app.router.add_get("/hang", hang)
+    mark_responses(app)
+    return app
+
+
+def _get(sock: socket.socket, path: str) -> bytes:
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: t\r\n\r\n" % path.encode())
+    got = b""
+    while b"\r\n\r\n" not in got or not got.rstrip().endswith((b"ok", b"other")):
+        data = sock.recv(65536)
+        assert data, got
+        got += data
+    return got
+
+
+async def test_a_request_that_waited_in_the_receive_queue_arrives_at_the_kernels_receipt(serve: Serve) -> None:
+    """The loop is held while the client's request waits unseen: its arrival is still the
+    kernel's receipt, after the client's send and long before the handler ran."""
+    seen: dict[str, Any] = {}
+    port = await serve(_arrivals_app(seen))
+    sock = socket.create_connection(("127.0.0.1", port))
+    sent = time.time()
+    sock.sendall(b"GET /take HTTP/1.1\r\nHost: t\r\n\r\n")
+    time.sleep(0.3)  # this test's loop is the proxy's: the request waits in the receive queue
+    reply = await asyncio.get_running_loop().run_in_executor(None, sock.recv, 65536)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert isinstance(seen["transport"], ClientTransport)
+    assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)  # the handler's clock would be 0.3 s on
+    assert seen["handler"] - seen["arrival"] >= 0.29
+
+
+async def test_a_kept_alive_connections_next_request_arrives_at_its_own_read(serve: Serve) -> None:
+    """A response that took no arrival (``/other``) still ends its request's reads: the next
+    request on the connection arrives at its own read, not at the first one's."""
+    seen: dict[str, Any] = {}
+    port = await serve(_arrivals_app(seen))
+    loop = asyncio.get_running_loop()
+    sock = socket.create_connection(("127.0.0.1", port))
+    try:
+        await loop.run_in_executor(None, _get, sock, "/other")
+        sent = time.time()
+        await loop.run_in_executor(None, _get, sock, "/take")
+    finally:
+        sock.close()
+    assert seen["arrival"] is not None and seen["arrival"] >= sent
+
+
+async def test_a_large_body_is_paused_by_aiohttps_flow_control_and_arrives_whole(serve: Serve) -> None:
+    seen: dict[str, Any] = {}
+    port = await serve(_arrivals_app(seen))
+    payload = os.urandom(8 << 20)
+    expected = f"{len(payload)} {hashlib.sha256(payload).hexdigest()}".encode()
+
+    def post() -> bytes:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /body HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+            got = b""
+            while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < len(expected):
+                data = sock.recv(65536)
+                if not data:
+                    break
+                got += data
+            return got
+
+    reply = await asyncio.get_running_loop().run_in_executor(None, post)
+    assert seen.get("paused") is True
+    assert reply.startswith(b"HTTP/1.1 200") and reply.partition(b"\r\n\r\n")[2] == expected
+
+
+async def test_a_client_that_leaves_cancels_its_handler_and_leaves_no_descriptor(serve: Serve) -> None:
+    seen: dict[str, Any] = {}
+    port = await serve(_arrivals_app(seen))
+    fds = len(os.listdir("/proc/self/fd"))
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"GET /hang HTTP/1.1\r\nHost: t\r\n\r\n")
+    await eventually(lambda: asyncio.sleep(0, "transport" in seen))
+    sock.close()
+    await eventually(lambda: asyncio.sleep(0, seen.get("cancelled")))
+    await eventually(lambda: asyncio.sleep(0, len(os.listdir("/proc/self/fd")) <= fds))  # the duplicate too
+
+
+async def test_the_proxy_served_this_way_adds_the_whole_wait_to_proxy_added(
+        serve: Serve, engine_factory: Any, tmp_path: Path) -> None:  # noqa: F811
+    """The proxy's own app on this server: the client's request waits while the loop is held;
+    ``ttft_s`` has none of it, ``proxy_added_s`` all of it, from the kernel's receipt."""
+    engine = engine_factory(Prompt)
+    port = await serve(create_app(make_config(tmp_path, engine.port)))
+    client = StampedClient(port)
+    client.start()
+    assert client.sent.wait(10)
+    time.sleep(HELD_S)
+    (record,) = await wait_for_records(tmp_path, 1)
+    await asyncio.get_running_loop().run_in_executor(None, client.join, 10)
+    assert record["outcome"] == "success" and record["ttft_s"] < HELD_S / 2
+    assert record["proxy_added_s"] >= HELD_S
+    assert client.ttft is not None and client.ttft >= record["ttft_s"] + record["proxy_added_s"] - 0.001, \
+        (client.ttft, record)
+    assert BODY  # the request the client sent (test_proxy_added's)
