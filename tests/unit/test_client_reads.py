@@ -5,10 +5,10 @@ receipt of it, however late the loop got to its socket (SPEC 27)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -93,37 +93,88 @@ def _get(sock: socket.socket, path: str) -> bytes:
     return got
 
 
-async def test_a_request_that_waited_in_the_receive_queue_arrives_at_the_kernels_receipt(serve: Serve) -> None:
-    """The loop is held while the client's request waits unseen: its arrival is still the
-    kernel's receipt, after the client's send and long before the handler ran."""
+LOOPS = ["asyncio", "uvloop"]
+
+
+def _on(loop_kind: str, scenario: Callable[[], Awaitable[Any]]) -> Any:
+    """``scenario()`` on a loop of its own: asyncio's, or uvloop's (``serve``'s workers run on it)."""
+    import uvloop
+
+    loop = uvloop.new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+@contextlib.asynccontextmanager
+async def _served(app: web.Application) -> AsyncIterator[int]:
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = await start(runner, sock)
+    try:
+        yield int(sock.getsockname()[1])
+    finally:
+        server.close()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_request_that_waited_in_the_receive_queue_arrives_at_the_kernels_receipt(loop_kind: str) -> None:
+    """The loop is held while a new client's request waits unseen: its arrival is still the
+    kernel's receipt, after the client's send and long before the handler ran (uvloop starts its
+    own reads of a new connection, which the proxy stops: the request is read, stamped, by it)."""
     seen: dict[str, Any] = {}
-    port = await serve(_arrivals_app(seen))
-    sock = socket.create_connection(("127.0.0.1", port))
-    sent = time.time()
-    sock.sendall(b"GET /take HTTP/1.1\r\nHost: t\r\n\r\n")
-    time.sleep(0.3)  # this test's loop is the proxy's: the request waits in the receive queue
-    reply = await asyncio.get_running_loop().run_in_executor(None, sock.recv, 65536)
-    sock.close()
-    assert reply.startswith(b"HTTP/1.1 200")
+
+    async def scenario() -> float:
+        async with _served(_arrivals_app(seen)) as port:
+            sock = socket.create_connection(("127.0.0.1", port))
+            sent = time.time()
+            sock.sendall(b"GET /take HTTP/1.1\r\nHost: t\r\n\r\n")
+            time.sleep(0.3)  # this loop is the proxy's: the connection and its request wait in the kernel
+            reply = await asyncio.get_running_loop().run_in_executor(None, sock.recv, 65536)
+            sock.close()
+            assert reply.startswith(b"HTTP/1.1 200")
+            return sent
+
+    sent = _on(loop_kind, scenario)
     assert isinstance(seen["transport"], ClientTransport)
-    assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)  # the handler's clock would be 0.3 s on
+    assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)  # the loop's clock would be 0.3 s on
     assert seen["handler"] - seen["arrival"] >= 0.29
 
 
-async def test_a_kept_alive_connections_next_request_arrives_at_its_own_read(serve: Serve) -> None:
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_kept_alive_connections_next_request_arrives_at_its_own_read(loop_kind: str) -> None:
     """A response that took no arrival (``/other``) still ends its request's reads: the next
-    request on the connection arrives at its own read, not at the first one's."""
+    request on the connection arrives at its own read, stamped, not at the first one's."""
     seen: dict[str, Any] = {}
-    port = await serve(_arrivals_app(seen))
-    loop = asyncio.get_running_loop()
-    sock = socket.create_connection(("127.0.0.1", port))
-    try:
-        await loop.run_in_executor(None, _get, sock, "/other")
-        sent = time.time()
-        await loop.run_in_executor(None, _get, sock, "/take")
-    finally:
-        sock.close()
-    assert seen["arrival"] is not None and seen["arrival"] >= sent
+
+    async def scenario() -> float:
+        async with _served(_arrivals_app(seen)) as port:
+            loop = asyncio.get_running_loop()
+            sock = socket.create_connection(("127.0.0.1", port))
+            try:
+                await loop.run_in_executor(None, _get, sock, "/other")
+                sent = time.time()
+                sock.sendall(b"GET /take HTTP/1.1\r\nHost: t\r\n\r\n")
+                time.sleep(0.3)  # held again: the second request waits in the kernel too
+                await loop.run_in_executor(None, _rest, sock)
+            finally:
+                sock.close()
+            return sent
+
+    sent = _on(loop_kind, scenario)
+    assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)
+
+
+def _rest(sock: socket.socket) -> bytes:
+    got = b""
+    while not got.rstrip().endswith(b"ok"):
+        data = sock.recv(65536)
+        assert data, got
+        got += data
+    return got
 
 
 async def test_a_large_body_is_paused_by_aiohttps_flow_control_and_arrives_whole(serve: Serve) -> None:

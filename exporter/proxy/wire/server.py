@@ -92,15 +92,19 @@ class ClientConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        inner_transport: asyncio.Transport = transport  # type: ignore[assignment]
+        loop_transport: asyncio.Transport = transport  # type: ignore[assignment]
         self.sock = _duplicate(transport)
-        if self.sock is not None:
-            self.transport = ClientTransport(inner_transport, self)
-            inner_transport.pause_reading()
-            self.resume()
-            self.inner.connection_made(self.transport)  # type: ignore[arg-type]
-        else:  # not a TCP socket the proxy can read: the loop reads it, as it would
+        if self.sock is None:  # not a TCP socket the proxy can read: the loop reads it, as it would
             self.inner.connection_made(transport)
+            return
+        self.transport = ClientTransport(loop_transport, self)
+        loop_transport.pause_reading()  # asyncio's loop then never reads it
+        self.inner.connection_made(self.transport)  # type: ignore[arg-type]
+        # uvloop starts its transport's reads once this returns, paused or not: they stop at the
+        # loop's next round, and what they read meanwhile still reaches aiohttp (data_received)
+        self._loop.call_soon(_stop_reading, loop_transport)
+        self.resume()
+        self._on_readable()  # what came with the connection (a new client's request), stamped
 
     def data_received(self, data: bytes) -> None:  # the loop's reads (before the pause, or unowned)
         if self.first is None:
@@ -161,6 +165,11 @@ class ClientConnection(asyncio.Protocol):
             sock.close()
 
 
+def _stop_reading(transport: asyncio.Transport) -> None:
+    if not transport.is_closing():
+        transport.pause_reading()
+
+
 def _duplicate(transport: asyncio.BaseTransport) -> socket.socket | None:
     """A duplicate of the connection's TCP socket, stamped on receipt; None where it is not one
     (TLS, a Unix socket) or the platform has no receive stamps."""
@@ -203,6 +212,11 @@ async def start(runner: web.AppRunner, sock: socket.socket, backlog: int = 1024)
     a :class:`ClientConnection`."""
     server = runner.server
     assert server is not None, "runner.setup() first"
+    if SO_TIMESTAMPNS is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        # The kernel stamps what it receives only while some socket asks it to: the listening one
+        # does, for as long as it listens, and each connection it accepts inherits the option.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     factory: Callable[[], asyncio.Protocol] = server
     return await asyncio.get_running_loop().create_server(lambda: ClientConnection(factory()), sock=sock,
                                                           backlog=backlog)
