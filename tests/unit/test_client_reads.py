@@ -18,7 +18,14 @@ import pytest
 from aiohttp import web
 
 from exporter.proxy.app import create_app
-from exporter.proxy.wire.server import ClientTransport, mark_responses, start, take_arrival
+from exporter.proxy.wire.server import (
+    OPEN_FILES,
+    ClientTransport,
+    allow_open_files,
+    mark_responses,
+    start,
+    take_arrival,
+)
 from exporter.proxy.wire.stamped import SO_TIMESTAMPNS
 
 from tests.helpers import eventually, make_config, wait_for_records
@@ -228,3 +235,18 @@ async def test_the_proxy_served_this_way_adds_the_whole_wait_to_proxy_added(
     assert client.ttft is not None and client.ttft >= record["ttft_s"] + record["proxy_added_s"] - 0.001, \
         (client.ttft, record)
     assert BODY  # the request the client sent (test_proxy_added's)
+
+
+def test_a_worker_may_open_as_many_files_as_the_hard_limit_allows() -> None:
+    """Two descriptors per client connection: the soft limit goes up to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, 512) if hard == resource.RLIM_INFINITY or hard > 512 else hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        got = allow_open_files()
+        assert got == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert got == (OPEN_FILES if hard == resource.RLIM_INFINITY else hard) and (got > low or hard == low)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -22,7 +22,9 @@ kernel's receive stamp (``SO_TIMESTAMPNS``):
   a Unix socket, a test's own server): the caller keeps its own clock.
 
 :func:`start` serves a runner's application this way on a listening socket, and :func:`run_app`
-runs it as ``web.run_app`` would: ``serve``'s workers run on it.
+runs it as ``web.run_app`` would: ``serve``'s workers run on it.  A duplicate is a second descriptor
+per connection: :func:`allow_open_files` raises the soft limit on open files to the hard one, and a
+connection that cannot have one (``EMFILE``) is read by the loop, its arrival the handler's clock.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from aiohttp import web
 
 from .stamped import SO_TIMESTAMPNS, read_stamped
 
-__all__ = ["ClientConnection", "ClientTransport", "start", "run_app", "take_arrival", "mark_responses"]
+__all__ = ["ClientConnection", "ClientTransport", "start", "run_app", "take_arrival", "mark_responses", "allow_open_files"]
 
 
 class ClientTransport:
@@ -238,6 +240,7 @@ def run_app(app: web.Application, sock: socket.socket, loop: asyncio.AbstractEve
             server.close()
             await runner.cleanup()
 
+    allow_open_files()
     asyncio.set_event_loop(loop)
     task = loop.create_task(main())
     try:
@@ -256,3 +259,21 @@ def run_app(app: web.Application, sock: socket.socket, loop: asyncio.AbstractEve
             loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+
+
+#: the soft limit on open files asked for where the hard one is unlimited
+OPEN_FILES = 1 << 20
+
+
+def allow_open_files() -> int:
+    """Raise this process's soft limit on open files to its hard one: each client connection holds
+    two descriptors (the loop's and the proxy's duplicate), so a default soft limit of 1,024 would
+    cap a worker near 340 streams (with their upstream connections).  The limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
