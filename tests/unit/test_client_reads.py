@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import os
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -23,37 +24,17 @@ from exporter.proxy.wire.server import (
     ClientTransport,
     allow_open_files,
     mark_responses,
+    run_app,
     start,
     take_arrival,
 )
 from exporter.proxy.wire.stamped import SO_TIMESTAMPNS
 
 from tests.helpers import eventually, make_config, wait_for_records
-from tests.unit.test_proxy_added import BODY, HELD_S, Prompt, StampedClient
+from tests.unit.test_proxy_added import HELD_S, Prompt, StampedClient
 from tests.unit.test_relay import engine_factory  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(SO_TIMESTAMPNS is None, reason="the kernel's receive stamps are Linux's")
-
-Serve = Callable[[web.Application], Awaitable[int]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    """Serves an app the way ``serve``'s workers do (``wire.server.start``); its port."""
-    runners: list[tuple[web.AppRunner, asyncio.AbstractServer]] = []
-
-    async def make(app: web.Application) -> int:
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        sock = socket.create_server(("127.0.0.1", 0))
-        runners.append((runner, await start(runner, sock)))
-        return int(sock.getsockname()[1])
-
-    yield make
-    for runner, server in runners:
-        server.close()
-        await runner.cleanup()
-
 
 def _arrivals_app(seen: dict[str, Any]) -> web.Application:
     async def take(request: web.Request) -> web.Response:
@@ -184,13 +165,13 @@ def _rest(sock: socket.socket) -> bytes:
     return got
 
 
-async def test_a_large_body_is_paused_by_aiohttps_flow_control_and_arrives_whole(serve: Serve) -> None:
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_large_body_is_paused_by_aiohttps_flow_control_and_arrives_whole(loop_kind: str) -> None:
     seen: dict[str, Any] = {}
-    port = await serve(_arrivals_app(seen))
     payload = os.urandom(8 << 20)
     expected = f"{len(payload)} {hashlib.sha256(payload).hexdigest()}".encode()
 
-    def post() -> bytes:
+    def post(port: int) -> bytes:
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(b"POST /body HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
             got = b""
@@ -201,40 +182,84 @@ async def test_a_large_body_is_paused_by_aiohttps_flow_control_and_arrives_whole
                 got += data
             return got
 
-    reply = await asyncio.get_running_loop().run_in_executor(None, post)
+    async def scenario() -> bytes:
+        async with _served(_arrivals_app(seen)) as port:
+            return await asyncio.get_running_loop().run_in_executor(None, post, port)
+
+    reply = _on(loop_kind, scenario)
     assert seen.get("paused") is True
     assert reply.startswith(b"HTTP/1.1 200") and reply.partition(b"\r\n\r\n")[2] == expected
 
 
-async def test_a_client_that_leaves_cancels_its_handler_and_leaves_no_descriptor(serve: Serve) -> None:
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_client_that_leaves_cancels_its_handler_and_leaves_no_descriptor(loop_kind: str) -> None:
     seen: dict[str, Any] = {}
-    port = await serve(_arrivals_app(seen))
-    fds = len(os.listdir("/proc/self/fd"))
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"GET /hang HTTP/1.1\r\nHost: t\r\n\r\n")
-    await eventually(lambda: asyncio.sleep(0, "transport" in seen))
-    sock.close()
-    await eventually(lambda: asyncio.sleep(0, seen.get("cancelled")))
-    await eventually(lambda: asyncio.sleep(0, len(os.listdir("/proc/self/fd")) <= fds))  # the duplicate too
+
+    async def scenario() -> None:
+        async with _served(_arrivals_app(seen)) as port:
+            fds = len(os.listdir("/proc/self/fd"))
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"GET /hang HTTP/1.1\r\nHost: t\r\n\r\n")
+            await eventually(lambda: asyncio.sleep(0, "transport" in seen))
+            sock.close()
+            await eventually(lambda: asyncio.sleep(0, seen.get("cancelled")))
+            await eventually(lambda: asyncio.sleep(0, len(os.listdir("/proc/self/fd")) <= fds))  # the duplicate too
+
+    _on(loop_kind, scenario)
 
 
-async def test_the_proxy_served_this_way_adds_the_whole_wait_to_proxy_added(
-        serve: Serve, engine_factory: Any, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_closed_connections_handler_is_freed_without_the_cycle_collector(loop_kind: str) -> None:
+    """``serve``'s workers freeze their start-up objects out of the collector's way: a
+    connection's handler must go when its connection does, not at the next collection."""
+    import gc
+
+    from aiohttp.web_protocol import RequestHandler
+
+    seen: dict[str, Any] = {}
+
+    def handlers() -> int:
+        return sum(isinstance(o, RequestHandler) for o in gc.get_objects())
+
+    async def scenario() -> None:
+        async with _served(_arrivals_app(seen)) as port:
+            loop = asyncio.get_running_loop()
+            before = handlers()
+            for _ in range(3):
+                sock = socket.create_connection(("127.0.0.1", port))
+                await loop.run_in_executor(None, _get, sock, "/take")
+                sock.close()
+            seen.clear()  # what the handler kept of its request
+            await eventually(lambda: asyncio.sleep(0, handlers() <= before))
+
+    gc.disable()
+    try:
+        _on(loop_kind, scenario)
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_the_proxy_served_this_way_adds_the_whole_wait_to_proxy_added(
+        loop_kind: str, engine_factory: Any, tmp_path: Path) -> None:  # noqa: F811
     """The proxy's own app on this server: the client's request waits while the loop is held;
     ``ttft_s`` has none of it, ``proxy_added_s`` all of it, from the kernel's receipt."""
-    engine = engine_factory(Prompt)
-    port = await serve(create_app(make_config(tmp_path, engine.port)))
-    client = StampedClient(port)
-    client.start()
-    assert client.sent.wait(10)
-    time.sleep(HELD_S)
-    (record,) = await wait_for_records(tmp_path, 1)
-    await asyncio.get_running_loop().run_in_executor(None, client.join, 10)
+    async def scenario() -> tuple[dict[str, Any], StampedClient]:
+        engine = engine_factory(Prompt)
+        async with _served(create_app(make_config(tmp_path, engine.port))) as port:
+            client = StampedClient(port)
+            client.start()
+            assert client.sent.wait(10)
+            time.sleep(HELD_S)
+            (record,) = await wait_for_records(tmp_path, 1)
+            await asyncio.get_running_loop().run_in_executor(None, client.join, 10)
+            return record, client
+
+    record, client = _on(loop_kind, scenario)
     assert record["outcome"] == "success" and record["ttft_s"] < HELD_S / 2
     assert record["proxy_added_s"] >= HELD_S
     assert client.ttft is not None and client.ttft >= record["ttft_s"] + record["proxy_added_s"] - 0.001, \
         (client.ttft, record)
-    assert BODY  # the request the client sent (test_proxy_added's)
 
 
 def test_a_worker_may_open_as_many_files_as_the_hard_limit_allows() -> None:
@@ -250,3 +275,26 @@ def test_a_worker_may_open_as_many_files_as_the_hard_limit_allows() -> None:
         assert got == (OPEN_FILES if hard == resource.RLIM_INFINITY else hard) and (got > low or hard == low)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_run_app_serves_until_a_stop_and_closes_an_idle_kept_alive_connection() -> None:
+    """``serve``'s workers run on ``run_app``: it answers, closes a connection idle for
+    ``keepalive_timeout`` (``web.run_app``'s 75 s by default, not aiohttp's hour), and returns
+    on a stop with its loop closed."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    loop = asyncio.new_event_loop()
+    worker = threading.Thread(target=run_app, args=(_arrivals_app({}), sock, loop),
+                              kwargs={"backlog": 16, "shutdown_timeout": 1.0, "keepalive_timeout": 0.2}, daemon=True)
+    worker.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            assert _get(conn, "/other").startswith(b"HTTP/1.1 200")
+            assert conn.recv(1) == b""  # the server closed it once idle
+    finally:
+        def stop() -> None:
+            raise web.GracefulExit()
+
+        loop.call_soon_threadsafe(stop)
+        worker.join(10)
+    assert not worker.is_alive() and loop.is_closed()

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -69,15 +68,16 @@ class ClientTransport:
         return self._owner.reading
 
     def take_arrival(self) -> float | None:
-        """The stamp of the first read since the last take (None: none came since)."""
-        owner = self._owner
-        first, owner.first = owner.first, None
-        return first
+        """The kernel's stamp of the first read since the last take (None: none came since, or
+        that read carried no stamp)."""
+        return self._owner.take_arrival()
 
     def close(self) -> None:
+        self._owner.pause()  # what a closing connection's client still sends is not read
         self._inner.close()
 
     def abort(self) -> None:
+        self._owner.pause()
         self._inner.abort()
 
 
@@ -90,7 +90,8 @@ class ClientConnection(asyncio.Protocol):
         self.transport: ClientTransport | None = None
         self.sock: socket.socket | None = None
         self.reading = False
-        self.first: float | None = None  # the stamp of the first read since the last response
+        self.began = False  # a read came since the last take (the next request's first bytes)
+        self.first: float | None = None  # its kernel stamp (None: it carried none)
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -108,9 +109,8 @@ class ClientConnection(asyncio.Protocol):
         self.resume()
         self._on_readable()  # what came with the connection (a new client's request), stamped
 
-    def data_received(self, data: bytes) -> None:  # the loop's reads (before the pause, or unowned)
-        if self.first is None:
-            self.first = time.time()
+    def data_received(self, data: bytes) -> None:  # the loop's reads (before the pause): no stamp
+        self.began = True
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -125,6 +125,13 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._release()
         self.inner.connection_lost(exc)
+        self.transport = None  # no cycle with the transport: aiohttp's handler is freed at once
+
+    def take_arrival(self) -> float | None:
+        first = self.first
+        self.began = False
+        self.first = None
+        return first
 
     # -- the proxy's reads ----------------------------------------------------------------------
 
@@ -156,8 +163,9 @@ class ClientConnection(asyncio.Protocol):
             if not self.inner.eof_received() and self.transport is not None:
                 self.transport.close()
             return
-        if self.first is None:
-            self.first = stamp if stamp is not None else time.time()
+        if not self.began:
+            self.began = True
+            self.first = stamp
         self.inner.data_received(data)
 
     def _release(self) -> None:
@@ -225,19 +233,23 @@ async def start(runner: web.AppRunner, sock: socket.socket, backlog: int = 1024)
 
 
 def run_app(app: web.Application, sock: socket.socket, loop: asyncio.AbstractEventLoop, backlog: int,
-            shutdown_timeout: float) -> None:
+            shutdown_timeout: float, keepalive_timeout: float = 75.0) -> None:
     """``web.run_app``'s shape on :func:`start`: serves ``app`` on ``sock`` until a stop
     (``GracefulExit``, raised by a signal's handler), then shuts it down (its requests get
-    ``shutdown_timeout``), cancels what is left and closes the loop."""
+    ``shutdown_timeout``), cancels what is left and closes the loop.  An idle kept-alive
+    connection is closed after ``keepalive_timeout`` (``web.run_app``'s default)."""
 
     async def main() -> None:
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout,
+                               keepalive_timeout=keepalive_timeout)
         await runner.setup()
-        server = await start(runner, sock, backlog=backlog)
+        server: asyncio.AbstractServer | None = None
         try:
+            server = await start(runner, sock, backlog=backlog)
             await asyncio.Event().wait()  # until the stop cancels it
         finally:
-            server.close()
+            if server is not None:
+                server.close()
             await runner.cleanup()
 
     allow_open_files()
@@ -249,16 +261,27 @@ def run_app(app: web.Application, sock: socket.socket, loop: asyncio.AbstractEve
         pass
     finally:
         try:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                loop.run_until_complete(task)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    loop.run_until_complete(task)
         finally:
-            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in left:
-                t.cancel()
-            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            _cancel_the_rest(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+
+
+def _cancel_the_rest(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks still running; an error one of them ended with goes to the loop's
+    exception handler (logged), as ``web.run_app`` does."""
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in left:
+        t.cancel()
+    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+    for t in left:
+        if not t.cancelled() and t.exception() is not None:
+            loop.call_exception_handler({"message": "unhandled exception during shutdown",
+                                         "exception": t.exception(), "task": t})
 
 
 #: the soft limit on open files asked for where the hard one is unlimited
