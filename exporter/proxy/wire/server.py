@@ -19,7 +19,9 @@ kernel's receive stamp (``SO_TIMESTAMPNS``):
 * :func:`take_arrival` gives a handler the kernel's stamp of the first read since the last
   response was prepared on the connection (``on_response_prepare``, :func:`mark_responses`): the
   read that brought its request's first bytes.  None where the connection is not read here (TLS,
-  a Unix socket, a test's own server): the caller keeps its own clock.
+  a Unix socket, a test's own server), where that read carried no stamp (one the loop made before
+  the proxy took over) and for a pipelined request that came in the read before: the caller keeps
+  its own clock.
 
 :func:`start` serves a runner's application this way on a listening socket, and :func:`run_app`
 runs it as ``web.run_app`` would: ``serve``'s workers run on it.  A duplicate is a second descriptor
