@@ -74,8 +74,10 @@ class Exchange:
         # clock (or TCP_INFO's, where that is clearly earlier: _book)
         now = time.time()
         stamped = take_arrival(request.transport)
-        self.arrived_stamped = stamped is not None and stamped <= now
-        self.arrived = stamped if stamped is not None and self.arrived_stamped else now
+        if stamped is not None and stamped > now:  # not a stamp of this clock's past: not taken
+            stamped = None
+        self.arrived_stamped = stamped is not None
+        self.arrived = now if stamped is None else stamped
         self.state = state
         self.request = request
         self.engine = engine

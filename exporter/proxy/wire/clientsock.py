@@ -30,7 +30,7 @@ import struct
 import time
 import weakref
 
-__all__ = ["SEND_BUFFER", "HIGH_WATER", "LOW_WATER", "limit_unsent", "received_at", "cork"]
+__all__ = ["SEND_BUFFER", "HIGH_WATER", "LOW_WATER", "tcp_socket", "limit_unsent", "received_at", "cork"]
 
 #: the send buffer asked of the kernel for a streaming client's socket (it keeps twice this)
 SEND_BUFFER = 8 << 10
@@ -38,6 +38,14 @@ SEND_BUFFER = 8 << 10
 #: ``resume_writing``)
 HIGH_WATER = 16 << 10
 LOW_WATER = 4 << 10
+
+
+def tcp_socket(transport: asyncio.BaseTransport | None) -> socket.socket | None:
+    """``transport``'s socket where it is TCP (IPv4 or IPv6); None otherwise (a Unix socket, none)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    return sock  # type: ignore[no-any-return]
 
 
 #: transports already capped, with what :func:`limit_unsent` said (a keep-alive client's caps hold)
@@ -61,8 +69,8 @@ def _cap(transport: asyncio.BaseTransport) -> bool:
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)  # type: ignore[attr-defined]
     except (AttributeError, NotImplementedError):  # pragma: no cover - a transport without limits
         pass
-    sock = transport.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    sock = tcp_socket(transport)
+    if sock is None:
         return False
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
@@ -80,8 +88,8 @@ _TCP_INFO_OPT: int | None = getattr(socket, "TCP_INFO", None)
 def received_at(transport: asyncio.BaseTransport | None) -> float | None:
     """Unix time the kernel last received data from ``transport``'s client (its tick's
     resolution: a few milliseconds at most), or None where the platform does not say."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if _TCP_INFO_OPT is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    sock = tcp_socket(transport)
+    if _TCP_INFO_OPT is None or sock is None:
         return None
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO_OPT, _TCP_INFO.size)
@@ -100,8 +108,8 @@ def cork(transport: asyncio.BaseTransport | None, on: bool) -> bool:
     """Hold (``on``) or send (not ``on``) the partial segments written to ``transport``'s client
     (Linux ``TCP_CORK``; the kernel sends them anyway after 200 ms); False where the platform or
     the socket does not have it."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if _CORK_OPT is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    sock = tcp_socket(transport)
+    if _CORK_OPT is None or sock is None:
         return False
     try:
         sock.setsockopt(socket.IPPROTO_TCP, _CORK_OPT, 1 if on else 0)

@@ -40,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .clientsock import tcp_socket
 from .stamped import SO_TIMESTAMPNS, read_stamped
 
 __all__ = ["ClientConnection", "ClientTransport", "start", "run_app", "take_arrival", "mark_responses", "allow_open_files"]
@@ -187,8 +188,8 @@ def _duplicate(transport: asyncio.BaseTransport) -> socket.socket | None:
     (TLS, a Unix socket) or the platform has no receive stamps."""
     if SO_TIMESTAMPNS is None or transport.get_extra_info("sslcontext") is not None:
         return None
-    sock = transport.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    sock = tcp_socket(transport)
+    if sock is None:
         return None
     try:
         dup = socket.socket(sock.family, socket.SOCK_STREAM, fileno=os.dup(sock.fileno()))
