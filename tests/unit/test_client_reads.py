@@ -21,6 +21,7 @@ from aiohttp import web
 from exporter.proxy.app import create_app
 from exporter.proxy.wire.server import (
     OPEN_FILES,
+    ClientConnection,
     ClientTransport,
     allow_open_files,
     mark_responses,
@@ -53,6 +54,14 @@ def _arrivals_app(seen: dict[str, Any]) -> web.Application:
         data = await request.read()
         return web.Response(text=f"{len(data)} {hashlib.sha256(data).hexdigest()}")
 
+    async def close(request: web.Request) -> web.Response:
+        transport = request.transport
+        assert transport is not None
+        seen["reading_before"] = transport.is_reading()
+        transport.close()
+        seen["reading_after"] = transport.is_reading()
+        return web.Response(text="closed")
+
     async def hang(request: web.Request) -> web.Response:
         seen["transport"] = request.transport
         try:
@@ -67,6 +76,7 @@ def _arrivals_app(seen: dict[str, Any]) -> web.Application:
     app.router.add_get("/other", other)
     app.router.add_post("/body", body)
     app.router.add_get("/hang", hang)
+    app.router.add_get("/close", close)
     mark_responses(app)
     return app
 
@@ -298,3 +308,32 @@ def test_run_app_serves_until_a_stop_and_closes_an_idle_kept_alive_connection() 
         loop.call_soon_threadsafe(stop)
         worker.join(10)
     assert not worker.is_alive() and loop.is_closed()
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_closing_connection_is_read_no_more(loop_kind: str) -> None:
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with _served(_arrivals_app(seen)) as port:
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"GET /close HTTP/1.1\r\nHost: t\r\n\r\n")
+            await eventually(lambda: asyncio.sleep(0, "reading_after" in seen))
+            sock.close()
+
+    _on(loop_kind, scenario)
+    assert seen == {"reading_before": True, "reading_after": False}
+
+
+async def test_a_read_the_loop_made_carries_no_stamp_and_gives_no_arrival() -> None:
+    """Before the proxy takes a connection over, uvloop may read it: those bytes reach aiohttp,
+    but their arrival is not taken as the kernel's."""
+    got: list[bytes] = []
+
+    class Inner(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            got.append(data)
+
+    conn = ClientConnection(Inner())
+    conn.data_received(b"GET / HTTP/1.1\r\n")
+    assert got == [b"GET / HTTP/1.1\r\n"] and conn.take_arrival() is None
