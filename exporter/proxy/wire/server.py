@@ -90,7 +90,8 @@ class ClientConnection(asyncio.Protocol):
 
     def __init__(self, inner: asyncio.Protocol) -> None:
         self.inner = inner
-        self.transport: ClientTransport | None = None
+        self.transport: ClientTransport | None = None  # set while the proxy reads the connection
+        self.loop_transport: asyncio.Transport | None = None
         self.sock: socket.socket | None = None
         self.reading = False
         self.began = False  # a read came since the last take (the next request's first bytes)
@@ -104,6 +105,7 @@ class ClientConnection(asyncio.Protocol):
             self.inner.connection_made(transport)
             return
         self.transport = ClientTransport(loop_transport, self)
+        self.loop_transport = loop_transport
         loop_transport.pause_reading()  # asyncio's loop then never reads it
         self.inner.connection_made(self.transport)  # type: ignore[arg-type]
         # uvloop starts its transport's reads once this returns, paused or not: they stop at the
@@ -113,6 +115,10 @@ class ClientConnection(asyncio.Protocol):
         self._on_readable()  # what came with the connection (a new client's request), stamped
 
     def data_received(self, data: bytes) -> None:  # the loop's reads (before the pause): no stamp
+        if self.transport is not None and self.loop_transport is not None:
+            # uvloop 0.19 starts its reads a round later still, after the call_soon above: the
+            # first read the loop makes stops it, or it would read past aiohttp's flow control
+            _stop_reading(self.loop_transport)
         self.began = True
         self.inner.data_received(data)
 
@@ -128,7 +134,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._release()
         self.inner.connection_lost(exc)
-        self.transport = None  # no cycle with the transport: aiohttp's handler is freed at once
+        self.transport = self.loop_transport = None  # no cycle: aiohttp's handler is freed at once
 
     def take_arrival(self) -> float | None:
         first = self.first
