@@ -2,8 +2,9 @@
 
 The format is prometheus_client's own negotiation (``choose_encoder``: OpenMetrics when the
 ``Accept`` header asks for it, else the text format), the compression its ``gzip_accepted``
-test of ``Accept-Encoding``; ``name[]`` restricts the answer to those metric names, as
-prometheus_client's own handlers do.  The render and the compression run in a thread so
+test of ``Accept-Encoding``; ``name[]`` restricts the answer to those sample names, as
+prometheus_client's own handlers do (by the samples collected: the supervisor's collectors
+describe no names beforehand, where prometheus_client's restricted registry looks).  The render and the compression run in a thread so
 that the loop that serves the answer can run its other callbacks between the GIL's switches.
 gzip level 1: the proxy's page (440 kB, 5,000 series) shrinks to 20 kB for 3 ms of CPU.
 
@@ -54,6 +55,19 @@ class _Families:
 
     def collect(self) -> list[Any]:
         return self.families
+
+
+def _named(registry: Collector, names: list[str]) -> _Families:
+    """``registry``'s samples named in ``names``, in their families (none: the family is left out)."""
+    wanted = frozenset(names)
+    kept = []
+    for family in registry.collect():
+        samples = [s for s in family.samples if s.name in wanted]
+        if samples:
+            only = Metric(family.name, family.documentation, family.type, family.unit)
+            only.samples = samples
+            kept.append(only)
+    return _Families(kept)
 
 
 def _legacy(family: Any) -> bool:
@@ -140,8 +154,8 @@ def render(registry: Collector, accept: str, accept_encoding: str, names: list[s
            ) -> tuple[bytes, dict[str, str]]:
     """The body and headers of a /metrics answer."""
     encoder, content_type = choose_encoder(accept)
-    if names and hasattr(registry, "restricted_registry"):
-        registry = registry.restricted_registry(names)
+    if names:
+        registry = _named(registry, names)
     body = _encode(registry, encoder, content_type)
     headers: dict[str, str] = {hdrs.CONTENT_TYPE: content_type}
     if gzip_accepted(accept_encoding):

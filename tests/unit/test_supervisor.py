@@ -134,6 +134,21 @@ async def test_the_in_process_app_negotiates_too(upstream: Any, proxy_factory: A
     assert names == {"llmbench_arrivals"}
 
 
+async def test_name_filter_answers_under_serve_as_in_process(workers: list[TestClient]) -> None:
+    """``name[]`` keeps those names' families on the supervisor's page too (its collectors describe
+    no names, so prometheus_client's restricted registry alone found none)."""
+    assert (await workers[0].post("/vllm/v1/completions", json=REQUEST)).status == 200
+    wanted = [("name[]", "llmbench_requests_total"), ("name[]", "llmbench_time_to_first_token_seconds_bucket")]
+    only = await workers[1].get("/metrics", params=wanted)
+    families = {f.name: f for f in text_string_to_metric_families(await only.text())}
+    assert set(families) == {"llmbench_requests", "llmbench_time_to_first_token_seconds"}
+    assert {s.name for s in families["llmbench_time_to_first_token_seconds"].samples} == {
+        "llmbench_time_to_first_token_seconds_bucket"}
+    assert sum(s.value for s in families["llmbench_requests"].samples if s.name == "llmbench_requests_total") == 1
+    none = await workers[1].get("/metrics", params=[("name[]", "no_such_metric")])
+    assert none.status == 200 and not list(text_string_to_metric_families(await none.text()))
+
+
 @pytest.mark.parametrize("accept", [OPENMETRICS, "application/openmetrics-text", "text/plain;version=0.0.4", ""])
 async def test_the_openmetrics_shortcut_gives_the_encoders_bytes(workers: list[TestClient], accept: str) -> None:
     """The supervisor's render equals prometheus_client's own encoder on the same state."""
