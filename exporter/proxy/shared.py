@@ -46,6 +46,7 @@ class SharedScenarios:
         self.path = path
         self._fd = os.open(path, os.O_RDWR)
         self._map = mmap.mmap(self._fd, _SIZE)
+        self._last: tuple[int, dict[str, Any]] = (-1, {})  # (version, state) last parsed by current()
 
     @classmethod
     def create(cls, path: Path) -> SharedScenarios:
@@ -67,9 +68,17 @@ class SharedScenarios:
             time.sleep(0)
         raise RuntimeError(f"{self.path}: scenario state stays mid-write")
 
+    def current(self) -> dict[str, Any]:
+        """The state now, parsed once per version: a scrape's readers (the series shown, the round
+        gauges) share one parse, and scrapes between two changes none.  Read it, never change it."""
+        last = self._last
+        if self.version() != last[0]:
+            last = self._last = self.read()
+        return last[1]
+
     def active_pairs(self) -> list[tuple[str, str]]:
         """The (engine, scenario) pairs of the rounds active now."""
-        return [(engine, str(v[0])) for engine, v in self.read()[1].get("active", {}).items()]
+        return [(engine, str(v[0])) for engine, v in self.current().get("active", {}).items()]
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -172,7 +181,7 @@ class ScenarioInfoCollector:
         return []
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        _, state = self._shared.read()
+        state = self._shared.current()
         labels = ("engine", "scenario", "round")
         info = GaugeMetricFamily("llmbench_scenario_info", "1 while a scenario round is active.", labels=labels)
         for engine, (scenario, rnd, _since) in sorted(state.get("active", {}).items()):

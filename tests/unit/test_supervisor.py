@@ -149,6 +149,30 @@ async def test_name_filter_answers_under_serve_as_in_process(workers: list[TestC
     assert none.status == 200 and not list(text_string_to_metric_families(await none.text()))
 
 
+async def test_a_scrape_parses_the_shared_state_once_and_only_after_a_change(
+        workers: list[TestClient], monkeypatch: pytest.MonkeyPatch) -> None:
+    parses: list[int] = []
+    read = SharedScenarios.read
+
+    def counted(self: SharedScenarios) -> tuple[int, dict[str, Any]]:
+        if self is shared:  # the supervisor's; the workers (in this process here) pull their own
+            parses.append(1)
+        return read(self)
+
+    monkeypatch.setattr(SharedScenarios, "read", counted)
+    shared = SharedScenarios(Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]) / "scenarios.state")
+    shown_series = shown.ShownSeries(supervisor_registry(Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]), shared),
+                        shared.active_pairs, lambda: False)
+    await workers[0].post("/-/scenario", json={"scenario": "short-c1", "round": 1})
+    first = render(shown_series, OPENMETRICS, "")[0]
+    assert b'llmbench_scenario_info{engine="vllm",round="1",scenario="short-c1"} 1.0' in first
+    assert len(parses) == 1  # the series shown and the round gauges: one parse
+    assert render(shown_series, OPENMETRICS, "")[0] == first and len(parses) == 1  # unchanged: none
+    await workers[0].post("/-/scenario", json={"scenario": "short-c32", "round": 2})
+    assert b'scenario="short-c32"} 1.0' in render(shown_series, OPENMETRICS, "")[0]
+    assert len(parses) == 2
+
+
 @pytest.mark.parametrize("accept", [OPENMETRICS, "application/openmetrics-text", "text/plain;version=0.0.4", ""])
 async def test_the_openmetrics_shortcut_gives_the_encoders_bytes(workers: list[TestClient], accept: str) -> None:
     """The supervisor's render equals prometheus_client's own encoder on the same state."""
