@@ -166,6 +166,29 @@ def test_a_kept_alive_connections_next_request_arrives_at_its_own_read(loop_kind
     assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)
 
 
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_pipelined_request_arrives_with_the_read_that_brought_it(loop_kind: str) -> None:
+    """Two requests in one read: the second, handled after the first's response, arrives at that
+    read's stamp (it waited in the proxy from then), not at its handler's clock."""
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> float:
+        async with _served(_arrivals_app(seen)) as port:
+            sock = socket.create_connection(("127.0.0.1", port))
+            try:
+                sent = time.time()
+                sock.sendall(b"GET /other HTTP/1.1\r\nHost: t\r\n\r\nGET /take HTTP/1.1\r\nHost: t\r\n\r\n")
+                time.sleep(0.3)  # both wait in the kernel, then come in one read
+                await asyncio.get_running_loop().run_in_executor(None, _rest, sock)
+            finally:
+                sock.close()
+            return sent
+
+    sent = _on(loop_kind, scenario)
+    assert seen["arrival"] is not None and sent <= seen["arrival"] < sent + 0.15, (sent, seen)
+    assert seen["handler"] > sent + 0.3
+
+
 def _rest(sock: socket.socket) -> bytes:
     got = b""
     while not got.rstrip().endswith(b"ok"):

@@ -18,10 +18,11 @@ kernel's receive stamp (``SO_TIMESTAMPNS``):
   the connection's end (``connection_lost``) stops the reads and closes the duplicate.
 * :func:`take_arrival` gives a handler the kernel's stamp of the first read since the last
   response was prepared on the connection (``on_response_prepare``, :func:`mark_responses`): the
-  read that brought its request's first bytes.  None where the connection is not read here (TLS,
-  a Unix socket, a test's own server), where that read carried no stamp (one the loop made before
-  the proxy took over) and for a pipelined request that came in the read before: the caller keeps
-  its own clock.
+  read that brought its request's first bytes.  A request with no read since (pipelined: it came
+  with an earlier one) arrives at the last read's stamp, which brought it at the latest.  None
+  where the connection is not read here (TLS, a Unix socket, a test's own server) and where that
+  read carried no stamp (one the loop made before the proxy took over): the caller keeps its own
+  clock.
 
 :func:`start` serves a runner's application this way on a listening socket, and :func:`run_app`
 runs it as ``web.run_app`` would: ``serve``'s workers run on it.  A duplicate is a second descriptor
@@ -71,7 +72,7 @@ class ClientTransport:
         return self._owner.reading
 
     def take_arrival(self) -> float | None:
-        """The kernel's stamp of the first read since the last take (None: none came since, or
+        """The kernel's stamp of the first read since the last take, else of the last read (None:
         that read carried no stamp)."""
         return self._owner.take_arrival()
 
@@ -96,6 +97,7 @@ class ClientConnection(asyncio.Protocol):
         self.reading = False
         self.began = False  # a read came since the last take (the next request's first bytes)
         self.first: float | None = None  # its kernel stamp (None: it carried none)
+        self.last: float | None = None  # the kernel stamp of the latest read (None: it carried none)
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -120,6 +122,7 @@ class ClientConnection(asyncio.Protocol):
             # first read the loop makes stops it, or it would read past aiohttp's flow control
             _stop_reading(self.loop_transport)
         self.began = True
+        self.last = None
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -137,7 +140,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport = self.loop_transport = None  # no cycle: aiohttp's handler is freed at once
 
     def take_arrival(self) -> float | None:
-        first = self.first
+        first = self.first if self.began else self.last  # no read since: it came in the last one
         self.began = False
         self.first = None
         return first
@@ -172,6 +175,7 @@ class ClientConnection(asyncio.Protocol):
             if not self.inner.eof_received() and self.transport is not None:
                 self.transport.close()
             return
+        self.last = stamp
         if not self.began:
             self.began = True
             self.first = stamp
