@@ -17,6 +17,7 @@ from exporter.core.sse import SSEParser
 from exporter.core.usage import UsageEventFilter
 
 READ = 64 << 10  # one read of the upstream, as aiohttp hands it over
+BOUND = 256 << 10  # the bound under test: past it, what a line costs would show many times over
 LINES = b"data:xy\n" * (READ // 8)  # short data lines, never a blank line
 SLACK = 32 << 10  # what may be held beyond the bound: buffer slack, object headers
 
@@ -37,9 +38,9 @@ def _held(feed: Callable[[bytes], object], chunk: bytes, reads: int) -> tuple[in
 
 
 def test_an_event_of_short_lines_holds_its_data_not_an_object_per_line() -> None:
-    """2.6 MiB of 8-byte lines: 1 MiB of joined data, just under the bound, held at ~1 MiB
-    (it was 14 MiB), and handed out whole at the blank line."""
-    bound = 1 << 20
+    """8-byte lines: their joined data just under the bound, held at about the bound (an object per
+    line held 14 times as much), and handed out whole at the blank line."""
+    bound = BOUND
     parser = SSEParser(max_event_bytes=bound)
     reads = bound // (3 * (READ // 8))  # each line adds "xy" and its "\n" to the joined data
     held, peak = _held(parser.feed, LINES, reads)
@@ -53,9 +54,9 @@ def test_an_event_of_short_lines_holds_its_data_not_an_object_per_line() -> None
 
 
 def test_a_stream_analyzer_past_the_bound_holds_at_most_the_bound() -> None:
-    bound = 1 << 20
+    bound = BOUND
     an = StreamAnalyzer(0.0, 200, RequestSpec(), streaming=True, max_event_bytes=bound)
-    held, _ = _held(lambda chunk: an.feed(chunk, 0.1), LINES, (3 << 20) // READ)
+    held, _ = _held(lambda chunk: an.feed(chunk, 0.1), LINES, 3 * bound // READ)
     assert held <= bound + SLACK, held
     r = an.finish(1.0)
     assert r.reason == "malformed" and r.detail == f"SSE event over {bound} bytes"
@@ -72,15 +73,16 @@ def test_the_issue_case_24_mib_of_data_lines_at_the_default_bound() -> None:
 def test_the_usage_filter_holds_at_most_its_bound() -> None:
     """Short lines held by the usage filter: memory, not payload, reaches the bound; the event
     then passes through unchanged, and a later usage-only event is still left out."""
-    bound = 1 << 20
+    bound = BOUND
     f = UsageEventFilter(bound)
     out: list[bytes] = []
-    held, _ = _held(lambda chunk: out.append(f.feed(chunk)), LINES, 16)
+    reads = bound // READ
+    held, _ = _held(lambda chunk: out.append(f.feed(chunk)), LINES, reads)
     out_bytes = sum(map(len, out))
     assert held - out_bytes <= bound + SLACK, (held, out_bytes)
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
     rest = f.feed(b"\n" + usage + b"data: [DONE]\n\n") + f.flush()
-    assert b"".join(out) + rest == LINES * 16 + b"\ndata: [DONE]\n\n"
+    assert b"".join(out) + rest == LINES * reads + b"\ndata: [DONE]\n\n"
 
 
 def test_long_and_short_lines_join_exactly_whatever_the_reads() -> None:

@@ -117,6 +117,7 @@ async def _identified(client: TestClient, *names: str) -> dict[str, dict[str, An
     return got if all(got[n]["kind"] != "unknown" for n in names) else None
 
 
+@pytest.mark.slow  # waits on the watch's own 1 s probe cadence
 async def test_down_within_5_s_and_back_with_its_time_to_ready(unused_tcp_port: int, aiohttp_client: Any,
                                                                tmp_path: Path) -> None:
     engine = await AppOnPort(lambda: create_sim_app(PROFILES["vllm"]), unused_tcp_port).start()
@@ -150,6 +151,7 @@ async def _is(client: TestClient, name: str, up: bool, identified: bool = False)
     return e if not identified or e["restarts"] else None
 
 
+@pytest.mark.slow  # waits on the watch's own 1 s probe cadence
 async def test_an_engine_that_is_neither_is_unknown_and_probed_at_most_once_a_second(
         upstream: Any, aiohttp_client: Any, tmp_path: Path) -> None:
     up, server = upstream
@@ -272,6 +274,7 @@ async def test_each_simulator_answers_its_own_engines_identity_routes(aiohttp_cl
         assert (await (await sglang.get(path)).json())["is_generation"] is True
 
 
+@pytest.mark.slow  # waits on the watch's own 1 s probe cadence
 async def test_an_sglang_is_probed_on_ready_not_on_its_generating_health(unused_tcp_port: int, aiohttp_client: Any,
                                                                         tmp_path: Path) -> None:
     """SGLang's /health runs a one-token generation through its scheduler: once the proxy knows
