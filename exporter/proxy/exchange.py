@@ -86,6 +86,7 @@ class Exchange:
         self._scenario = self._resolve_scenario(request.headers.get("X-Bench-Scenario"))
         self._turn = self._take_turn()  # at arrival too: turns follow the order requests came in
         self.spec = RequestSpec()
+        self._unread: bytes | None = None  # the body, its spec read by _book (once the request left)
         self.relay: Relay | None = None  # while it runs: a cancelled request reads how far it got
         self.outcome: Outcome | None = None  # what the relay did, once it ran
         self.capture: Capture | None = None
@@ -132,6 +133,9 @@ class Exchange:
         hold before ``t0`` is what the proxy adds)."""
         if self._booked:
             return
+        unread, self._unread = self._unread, None
+        if unread is not None:
+            self._read_spec(unread)
         self._booked = True
         # the kernel's figure is when the client's last data came: read after the send it is the
         # same unless the client sent more since (a body still coming in while the loop ran)
@@ -247,7 +251,10 @@ class Exchange:
             body = await self.request.read()
             if self.state.tracer is not None:  # config trace: tokenized in its thread while the engine works
                 self.trace = self.state.tracer.submit(body, self.path.endswith("chat/completions"))
-            self._inspect(body)
+            if self._booked or self._spec_before_send():
+                self._inspect(body)
+            else:  # the send does not need it: read once the request left, before its answer (_book)
+                self._unread = body
             self.outcome = await self._relay(body)
             if self.outcome.error is not None:
                 raise self.outcome.error
@@ -267,6 +274,21 @@ class Exchange:
                 return error, self._timeout_detail()
             return error, f"{type(exc).__name__}: {exc}"[:300]
         return None, None
+
+    def _spec_before_send(self) -> bool:
+        """The request's body is changed before it is sent (``usage: inject``, ``token_ids``): its
+        spec says how."""
+        return self.engine.usage == "inject" or self.engine.token_ids
+
+    def _read_spec(self, body: bytes) -> None:
+        """The spec of a request that already left (from :meth:`_book`): its relay is told
+        whether a stream was asked before the answer's head is read."""
+        try:
+            self.spec = RequestSpec.from_body(body, endpoint_of(self.path))
+        except Exception:  # a bug of ours must not cost the record: it keeps the default spec
+            log.exception("request to %s: the body's spec not read", self.path)
+        if self.relay is not None:
+            self.relay.stream = self.spec.stream
 
     def _inspect(self, body: bytes) -> None:
         self.spec = spec = RequestSpec.from_body(body, endpoint_of(self.path))

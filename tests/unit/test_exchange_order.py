@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from exporter.proxy import exchange as exchange_module
 from exporter.proxy.wire import upstream as upstream_module
 
 from tests.helpers import OK_BODY, metric_value, read_records, stream_events, wait_for_records
+from tests.unit.test_relay import ThreadEngine, engine_factory  # noqa: F401  (a fixture)
 
 REQ = {"model": "m", "prompt": "hi", "max_tokens": 2, "ignore_eos": True, "stream": True,
        "stream_options": {"include_usage": True}}
@@ -63,6 +66,90 @@ async def test_the_request_leaves_before_its_bookkeeping(upstream, proxy_factory
     text = await (await client.get("/metrics")).text()
     assert metric_value(text, "llmbench_arrivals_total", engine="vllm") == 3
     assert metric_value(text, "llmbench_requests_in_flight", engine="vllm") == 0
+
+
+def _watch_spec(monkeypatch: pytest.MonkeyPatch, seen: list[str]) -> None:
+    """Each measured request's spec read (the core's scan of its body) into ``seen`` too."""
+    from_body = exchange_module.RequestSpec.from_body
+
+    def reading(body: bytes, endpoint: str = "completions") -> Any:
+        seen.append("spec")
+        return from_body(body, endpoint)
+
+    monkeypatch.setattr(exchange_module.RequestSpec, "from_body", staticmethod(reading))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_body_is_scanned_after_the_send_and_before_the_answer(
+        upstream, proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    """The request's spec (stream or not, the model, the tokens asked) is not needed to send it:
+    it is read once the request left, and the answer is still read as the spec says."""
+    seen = _watch(monkeypatch)
+    _watch_spec(monkeypatch, seen)
+    up, server = upstream
+    whole = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "hi", "finish_reason": "length"}],
+             "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}
+
+    up.handler = (lambda r: stream_events(r, [OK_BODY])) if stream else (
+        lambda r: asyncio.sleep(0, web.json_response(whole)))
+    client = await proxy_factory(server.port)
+    orders = []
+    for _ in range(3):
+        resp = await client.post("/vllm/v1/completions", json={**REQ, "stream": stream})
+        assert resp.status == 200
+        await resp.read()
+        orders.append(list(seen))
+        seen.clear()
+    # (_watch notes "book" as the bookkeeping starts: the spec is read in it)
+    assert ["send", "book", "spec"] in orders  # on a pooled connection the request left first
+    assert all(o in (["send", "book", "spec"], ["book", "spec", "send on a new connection"]) for o in orders)
+    records = await wait_for_records(tmp_path, 3)
+    assert all((r["model"], r["stream"], r["outcome"]) == ("m", stream, "success") for r in records), [
+        (r["model"], r["stream"], r["outcome"], r["reason"], r["detail"]) for r in records]
+
+
+WHOLE = (b'{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}],'
+         b'"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}')
+
+
+class Untyped(ThreadEngine):
+    """Answers with a whole document and no Content-Type: only the request's ``stream: false``
+    says it is not SSE (the spec's default is a stream)."""
+
+    def serve(self, conn: socket.socket, n: int) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(WHOLE), WHOLE))
+        return True
+
+
+async def test_an_untyped_answer_is_read_as_the_spec_read_after_the_send_says(
+        engine_factory: Any, proxy_factory: Any, tmp_path: Path) -> None:  # noqa: F811
+    engine = engine_factory(Untyped)
+    client = await proxy_factory(engine.port)
+    for _ in range(2):  # a new upstream connection, then a pooled one (the spec read after the send)
+        resp = await client.post("/vllm/v1/completions", json={**REQ, "stream": False})
+        assert resp.status == 200 and await resp.read() == WHOLE
+    records = await wait_for_records(tmp_path, 2)
+    assert [(r["stream"], r["outcome"]) for r in records] == [(False, "success")] * 2, records
+
+
+async def test_a_body_the_proxy_changes_is_scanned_before_its_send(
+        upstream, proxy_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``usage: inject`` asks the engine for usage a client did not: the spec says how to change
+    the body, so it is read before the send."""
+    seen = _watch(monkeypatch)
+    _watch_spec(monkeypatch, seen)
+    up, server = upstream
+    up.handler = lambda r: stream_events(r, [OK_BODY])
+    engines = [{"name": "vllm", "upstream": f"http://127.0.0.1:{server.port}", "usage": "inject"}]
+    client = await proxy_factory(server.port, engines=engines)
+    asked = {k: v for k, v in REQ.items() if k != "stream_options"}
+    for _ in range(3):
+        resp = await client.post("/vllm/v1/completions", json=asked)
+        assert resp.status == 200
+        await resp.read()
+        assert seen[0] == "spec" and seen.index("spec") < min(i for i, x in enumerate(seen) if x.startswith("send"))
+        seen.clear()
+    assert all(r["outcome"] != "proxy_error" for r in await wait_for_records(tmp_path, 3))
 
 
 async def test_a_body_that_comes_after_the_bookkeeping_still_labels_the_record(
