@@ -4,8 +4,9 @@ The format is prometheus_client's own negotiation (``choose_encoder``: OpenMetri
 ``Accept`` header asks for it, else the text format), the compression its ``gzip_accepted``
 test of ``Accept-Encoding``; ``name[]`` restricts the answer to those sample names, as
 prometheus_client's own handlers do (by the samples collected: the supervisor's collectors
-describe no names beforehand, where prometheus_client's restricted registry looks).  The render and the compression run in a thread so
-that the loop that serves the answer can run its other callbacks between the GIL's switches.
+describe no names beforehand, where prometheus_client's restricted registry looks).  The render
+and the compression run in a thread so that the loop that serves the answer can run its other
+callbacks between the GIL's switches.
 gzip level 1: the proxy's page (440 kB, 5,000 series) shrinks to 20 kB for 3 ms of CPU.
 
 One shortcut, exact: prometheus_client's OpenMetrics encoder applies the default
