@@ -88,10 +88,6 @@ class ShownSeries:
     def describe(self) -> list[Any]:
         return []
 
-    def restricted_registry(self, names: Iterable[str]) -> _Restricted:
-        """This filter over ``inner``'s families named ``names`` (``/metrics?name[]=``)."""
-        return _Restricted(self, self._inner.restricted_registry(names))
-
     def collect(self) -> list[Any]:
         return self.filter(self._inner.collect())
 
@@ -179,14 +175,3 @@ def shown_handler(shown: ShownSeries, scrapes: ScrapeLog) -> Callable[[web.Reque
         waited, read = await read_by_scrapers(shown, scrapes, pairs)
         return web.json_response({"waited_s": waited, "read": read})
     return handler
-
-
-class _Restricted:
-    """:class:`ShownSeries` over a restricted registry (the same used pairs)."""
-
-    def __init__(self, shown: ShownSeries, inner: Any) -> None:
-        self._shown = shown
-        self._inner = inner
-
-    def collect(self) -> list[Any]:
-        return self._shown.filter(self._inner.collect())

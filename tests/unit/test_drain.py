@@ -107,3 +107,19 @@ async def test_a_stop_refuses_new_requests_finishes_those_in_flight_and_waits_fo
     assert metric_value(final, "llmbench_requests_refused_total", engine="vllm", reason="draining") == 1
     assert metric_value(final, "llmbench_requests_refused_total", engine="sglang", reason="draining") == 0
     assert [r["outcome"] for r in read_records(tmp_path)] == ["success"]  # a record per answered request only
+
+
+async def test_a_read_of_some_names_is_answered_and_not_a_complete_scrape(aiohttp_client: Any, tmp_path: Any) -> None:
+    """``/metrics?name[]=`` shows those names only: a stop's wait for two reads of the final counts, or
+    an announcement's for its series, is not ended by it."""
+    app = create_app(make_config(tmp_path, 9))
+    client = await aiohttp_client(app)
+    scrapes = app[STATE].scrapes
+    scraper = {"User-Agent": "Prometheus/test"}
+    scrapes.final()
+    some = await client.get("/metrics", headers=scraper, params=[("name[]", "llmbench_arrivals_total")])
+    assert some.status == 200 and "llmbench_arrivals_total" in await some.text()
+    assert scrapes.reads == {} and not scrapes.answered()
+    whole = await client.get("/metrics", headers=scraper)
+    assert whole.status == 200 and "llmbench_arrivals_total" in await whole.text()
+    assert list(scrapes.reads.values()) == [1] and scrapes.answered()
