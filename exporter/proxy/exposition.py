@@ -139,13 +139,15 @@ _ENCODINGS: dict[str, _Encoding] = {}
 _EOF = b"# EOF\n"
 
 
-def _encode(registry: Collector, encoder: Callable[[Any], bytes], content_type: str) -> bytes:
+def _encode(registry: Collector, encoder: Callable[[Any], bytes], content_type: str, kept: bool = True) -> bytes:
     """``encoder``'s bytes for ``registry``, family by family (the OpenMetrics shortcut where
-    it gives the same bytes; what is unchanged since the last answer, its bytes of then)."""
+    it gives the same bytes; what is unchanged since the last answer, its bytes of then).  Not
+    ``kept``: a part of the page (``name[]``), encoded without taking the whole page's bytes' place."""
     encoding = _ENCODINGS.get(content_type)  # the content type names the encoder
     if encoding is None:
         encoding = _ENCODINGS[content_type] = _Encoding(encoder, content_type)
-    parts = [encoding.family(family) for family in registry.collect()]
+    encode = encoding.family if kept else encoding.whole
+    parts = [encode(family) for family in registry.collect()]
     if encoding.eof:
         parts.append(_EOF)
     return b"".join(parts)
@@ -157,7 +159,7 @@ def render(registry: Collector, accept: str, accept_encoding: str, names: list[s
     encoder, content_type = choose_encoder(accept)
     if names:
         registry = _named(registry, names)
-    body = _encode(registry, encoder, content_type)
+    body = _encode(registry, encoder, content_type, kept=not names)
     headers: dict[str, str] = {hdrs.CONTENT_TYPE: content_type}
     if gzip_accepted(accept_encoding):
         body = gzip.compress(body, compresslevel=GZIP_LEVEL)

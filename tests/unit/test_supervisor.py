@@ -149,6 +149,41 @@ async def test_name_filter_answers_under_serve_as_in_process(workers: list[TestC
     assert none.status == 200 and not list(text_string_to_metric_families(await none.text()))
 
 
+def test_a_read_of_some_names_leaves_the_whole_pages_bytes_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole page keeps each unchanged family's bytes between scrapes; a ``name[]`` read in
+    between encodes its part and leaves them (the next whole scrape encodes nothing again)."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+    from exporter.proxy import exposition
+
+    registry = CollectorRegistry()
+    Counter("llmbench_test_things", "Things.", registry=registry).inc()
+    Histogram("llmbench_test_seconds", "Seconds.", registry=registry).observe(0.1)
+
+    class Frozen:  # the same family objects on every collect, as the supervisor's merge gives them
+        families = list(registry.collect())
+
+        def collect(self) -> list[Any]:
+            return self.families
+
+    frozen = Frozen()
+    encoded: list[str] = []
+    whole = exposition._Encoding.whole
+
+    def counted(self: Any, family: Any) -> bytes:
+        encoded.append(family.name)
+        return whole(self, family)
+
+    monkeypatch.setattr(exposition._Encoding, "whole", counted)
+    monkeypatch.setattr(exposition, "_ENCODINGS", {})
+    page = render(frozen, OPENMETRICS, "")[0]
+    assert sorted(encoded) == ["llmbench_test_seconds", "llmbench_test_things"]
+    part = render(frozen, OPENMETRICS, "", ["llmbench_test_things_total"])[0]
+    assert b"llmbench_test_things_total 1.0" in part and b"llmbench_test_seconds" not in part
+    encoded.clear()
+    assert render(frozen, OPENMETRICS, "")[0] == page and encoded == []
+
+
 async def test_a_scrape_parses_the_shared_state_once_and_only_after_a_change(
         workers: list[TestClient], monkeypatch: pytest.MonkeyPatch) -> None:
     parses: list[int] = []
