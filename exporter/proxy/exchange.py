@@ -284,7 +284,7 @@ class Exchange:
         """The spec of a request that already left (from :meth:`_book`): its relay is told
         whether a stream was asked before the answer's head is read."""
         try:
-            self.spec = RequestSpec.from_body(body, endpoint_of(self.path))
+            self._inspect(body)  # before the booking: no identity yet to correct
         except Exception:  # a bug of ours must not cost the record: it keeps the default spec
             log.exception("request to %s: the body's spec not read", self.path)
         if self.relay is not None:

@@ -117,7 +117,7 @@ class ClientConnection(asyncio.Protocol):
         self._on_readable()  # what came with the connection (a new client's request), stamped
 
     def data_received(self, data: bytes) -> None:  # the loop's reads (before the pause): no stamp
-        if self.transport is not None and self.loop_transport is not None:
+        if self.loop_transport is not None:  # the proxy reads it (set and cleared with transport)
             # uvloop 0.19 starts its reads a round later still, after the call_soon above: the
             # first read the loop makes stops it, or it would read past aiohttp's flow control
             _stop_reading(self.loop_transport)
