@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.proxy.app import create_app
+from exporter.proxy.wire.stamped import SO_TIMESTAMPNS, kernel_stamp
 
 from .helpers import LiveStack, Upstream, make_config, require_prometheus, run_live_stack
 
@@ -28,6 +31,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if E2E in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_receive_stamps() -> Iterator[None]:
+    """Linux stamps what it receives only while some socket asks it to, and starts doing so a
+    moment after the first one asks (deferred work): a packet that comes in that moment is read
+    without a stamp, and a test of a proxy whose sockets are the process's first to ask would see
+    an unstamped read now and then.  One socket asks for the whole session, which starts once a
+    read of it came stamped (a few milliseconds at most)."""
+    if SO_TIMESTAMPNS is None:
+        yield
+        return
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # what it accepts inherits it
+        with socket.create_connection(listener.getsockname()) as out, listener.accept()[0] as into:
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                out.sendall(b"x")
+                _, ancdata, _, _ = into.recvmsg(1, socket.CMSG_SPACE(16))
+                if kernel_stamp(ancdata) is not None:
+                    break
+                time.sleep(0.005)
+            else:
+                raise RuntimeError("the kernel gave no receive stamp in 10 s")
+            yield
 
 
 @pytest.fixture
