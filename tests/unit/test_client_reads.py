@@ -71,7 +71,11 @@ def _arrivals_app(seen: dict[str, Any]) -> web.Application:
             raise
         raise AssertionError("unreachable")
 
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=413, text="refused")  # its body unread: aiohttp reads it after
+
     app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/refuse", refuse)
     app.router.add_get("/take", take)
     app.router.add_get("/other", other)
     app.router.add_post("/body", body)
@@ -167,6 +171,35 @@ def test_a_kept_alive_connections_next_request_arrives_at_its_own_read(loop_kind
 
 
 @pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_refused_bodys_rest_is_not_the_next_requests_arrival(loop_kind: str) -> None:
+    """A request answered before its body was read (a 413): aiohttp reads the body's rest after the
+    response, to keep the connection.  Those reads are the refused request's: the next request on
+    the connection arrives at its own read, not at the first read of that rest."""
+    seen: dict[str, Any] = {}
+    size = 64 << 10
+
+    async def scenario() -> float:
+        async with _served(_arrivals_app(seen)) as port:
+            loop = asyncio.get_running_loop()
+            sock = socket.create_connection(("127.0.0.1", port))
+            try:
+                sock.sendall(b"POST /refuse HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
+                refused = await loop.run_in_executor(None, _until, sock, b"refused")
+                assert refused.startswith(b"HTTP/1.1 413"), refused
+                sock.sendall(b"x" * size)  # the rest, read after the response
+                await asyncio.sleep(0.2)  # the loop runs: the rest is read now, well before the next request
+                sent = time.time()
+                sock.sendall(b"GET /take HTTP/1.1\r\nHost: t\r\n\r\n")
+                await loop.run_in_executor(None, _rest, sock)
+            finally:
+                sock.close()
+            return sent
+
+    sent = _on(loop_kind, scenario)
+    assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
 def test_a_pipelined_request_arrives_with_the_read_that_brought_it(loop_kind: str) -> None:
     """Two requests in one read: the second, handled after the first's response, arrives at that
     read's stamp (it waited in the proxy from then), not at its handler's clock."""
@@ -190,8 +223,12 @@ def test_a_pipelined_request_arrives_with_the_read_that_brought_it(loop_kind: st
 
 
 def _rest(sock: socket.socket) -> bytes:
+    return _until(sock, b"ok")
+
+
+def _until(sock: socket.socket, end: bytes) -> bytes:
     got = b""
-    while not got.rstrip().endswith(b"ok"):
+    while not got.rstrip().endswith(end):
         data = sock.recv(65536)
         assert data, got
         got += data
@@ -293,6 +330,39 @@ def test_the_proxy_served_this_way_adds_the_whole_wait_to_proxy_added(
     assert record["proxy_added_s"] >= HELD_S
     assert client.ttft is not None and client.ttft >= record["ttft_s"] + record["proxy_added_s"] - 0.001, \
         (client.ttft, record)
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_after_a_413_the_next_requests_proxy_added_is_its_own(
+        loop_kind: str, engine_factory: Any, tmp_path: Path) -> None:  # noqa: F811
+    """The proxy's own app: a body over ``max_request_body_bytes`` is refused with 413 before the
+    whole of it came, and the rest is read after the answer; the next request on the connection,
+    sent 0.2 s later, is held by the proxy for its own time only."""
+    async def scenario() -> list[dict[str, Any]]:
+        engine = engine_factory(Prompt)
+        config = make_config(tmp_path, engine.port, max_request_body_bytes=4096)
+        async with _served(create_app(config)) as port:
+            loop = asyncio.get_running_loop()
+            sock = socket.create_connection(("127.0.0.1", port))
+            try:
+                size = 64 << 10
+                sock.sendall(b"POST /vllm/v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % size + b"x" * 8192)
+                refused = await loop.run_in_executor(None, _until, sock, b"exceeded.")
+                assert refused.startswith(b"HTTP/1.1 413"), refused
+                sock.sendall(b"x" * (size - 8192))  # the rest, read after the answer
+                await asyncio.sleep(0.2)
+                body = b'{"prompt":"p","stream":true,"max_tokens":2}'
+                sock.sendall(b"POST /vllm/v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                return await wait_for_records(tmp_path, 2)
+            finally:
+                sock.close()
+
+    refused, answered = _on(loop_kind, scenario)
+    assert refused["reason"] == "proxy_error" and "413" in refused["detail"]
+    assert answered["outcome"] == "success", answered
+    assert answered["proxy_added_s"] < 0.1, answered  # not the 0.2 s since the refused body's rest
 
 
 def test_a_worker_may_open_as_many_files_as_the_hard_limit_allows() -> None:

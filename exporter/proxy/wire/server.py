@@ -19,8 +19,10 @@ kernel's receive stamp (``SO_TIMESTAMPNS``):
 * :func:`take_arrival` gives a handler the kernel's stamp of the first read since the last
   response was prepared on the connection (``on_response_prepare``, :func:`mark_responses`): the
   read that brought its request's first bytes.  A request with no read since (pipelined: it came
-  with an earlier one) arrives at the last read's stamp, which brought it at the latest.  None
-  where the connection is not read here (TLS, a Unix socket, a test's own server) and where that
+  with an earlier one) arrives at the last read's stamp, which brought it at the latest.  A
+  response prepared before its request's body was all read (a 413) leaves the body's rest to
+  aiohttp, which reads it after the response: those reads are that request's, and the next
+  request's arrival is the first read after the body's end.  None where the connection is not read here (TLS, a Unix socket, a test's own server) and where that
   read carried no stamp (one the loop made before the proxy took over): the caller keeps its own
   clock.
 
@@ -39,7 +41,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from .clientsock import tcp_socket
 from .stamped import SO_TIMESTAMPNS, read_stamped
@@ -76,6 +78,10 @@ class ClientTransport:
         that read carried no stamp)."""
         return self._owner.take_arrival()
 
+    def reads_until(self, body: StreamReader) -> None:
+        """The reads until ``body`` ends are its request's (answered before its body was read)."""
+        self._owner.draining = body
+
     def close(self) -> None:
         self._owner.pause()  # what a closing connection's client still sends is not read
         self._inner.close()
@@ -98,6 +104,8 @@ class ClientConnection(asyncio.Protocol):
         self.began = False  # a read came since the last take (the next request's first bytes)
         self.first: float | None = None  # its kernel stamp (None: it carried none)
         self.last: float | None = None  # the kernel stamp of the latest read (None: it carried none)
+        #: the body of a request answered before it was read: aiohttp reads its rest after the response
+        self.draining: StreamReader | None = None
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -180,6 +188,11 @@ class ClientConnection(asyncio.Protocol):
             self.began = True
             self.first = stamp
         self.inner.data_received(data)
+        draining = self.draining
+        if draining is not None and draining.is_eof():  # the answered request's last bytes: what
+            self.draining = None  # follows them (in this read or a later one) is the next request
+            self.began = False
+            self.first = None
 
     def _release(self) -> None:
         self.pause()
@@ -222,10 +235,14 @@ def take_arrival(transport: object) -> float | None:
 
 def mark_responses(app: web.Application) -> None:
     """Each response prepared on a connection ends its request's reads: the next read starts the
-    next request (its arrival), whatever the handler (``/metrics``, ``/health``) took or not."""
+    next request (its arrival), whatever the handler (``/metrics``, ``/health``) took or not; for a
+    request whose body was not all read (a 413), the first read after the body's end does."""
 
     async def prepared(request: web.Request, response: web.StreamResponse) -> None:
-        take_arrival(request.transport)
+        transport = request.transport
+        take_arrival(transport)
+        if isinstance(transport, ClientTransport) and not request.content.is_eof():
+            transport.reads_until(request.content)  # a body answered unread (413): its rest is its own
 
     app.on_response_prepare.append(prepared)
 
