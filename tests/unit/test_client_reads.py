@@ -150,23 +150,10 @@ def test_a_request_that_waited_in_the_receive_queue_arrives_at_the_kernels_recei
 def test_a_kept_alive_connections_next_request_arrives_at_its_own_read(loop_kind: str) -> None:
     """A response that took no arrival (``/other``) still ends its request's reads: the next
     request on the connection arrives at its own read, stamped, not at the first one's."""
-    seen: dict[str, Any] = {}
+    async def other(sock: socket.socket) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, _get, sock, "/other")
 
-    async def scenario() -> float:
-        async with _served(_arrivals_app(seen)) as port:
-            loop = asyncio.get_running_loop()
-            sock = socket.create_connection(("127.0.0.1", port))
-            try:
-                await loop.run_in_executor(None, _get, sock, "/other")
-                sent = time.time()
-                sock.sendall(b"GET /take HTTP/1.1\r\nHost: t\r\n\r\n")
-                time.sleep(0.3)  # held again: the second request waits in the kernel too
-                await loop.run_in_executor(None, _rest, sock)
-            finally:
-                sock.close()
-            return sent
-
-    sent = _on(loop_kind, scenario)
+    sent, seen = _next_arrival(loop_kind, other, hold_s=0.3)  # held: the second request waits in the kernel too
     assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)
 
 
@@ -175,28 +162,35 @@ def test_a_refused_bodys_rest_is_not_the_next_requests_arrival(loop_kind: str) -
     """A request answered before its body was read (a 413): aiohttp reads the body's rest after the
     response, to keep the connection.  Those reads are the refused request's: the next request on
     the connection arrives at its own read, not at the first read of that rest."""
-    seen: dict[str, Any] = {}
     size = 64 << 10
+
+    async def refused(sock: socket.socket) -> None:
+        sock.sendall(b"POST /refuse HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
+        answer = await asyncio.get_running_loop().run_in_executor(None, _until, sock, b"refused")
+        assert answer.startswith(b"HTTP/1.1 413"), answer
+        sock.sendall(b"x" * size)  # the rest, read after the response
+        await asyncio.sleep(0.2)  # the loop runs: the rest is read now, well before the next request
+
+    sent, seen = _next_arrival(loop_kind, refused)
+    assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)
+
+
+def _next_arrival(loop_kind: str, before: Callable[[socket.socket], Awaitable[None]],
+                  hold_s: float = 0.0) -> tuple[float, dict[str, Any]]:
+    """On one kept-alive connection, ``before(sock)`` then ``GET /take``: when that was sent, and
+    what its handler saw."""
+    seen: dict[str, Any] = {}
 
     async def scenario() -> float:
         async with _served(_arrivals_app(seen)) as port:
-            loop = asyncio.get_running_loop()
             sock = socket.create_connection(("127.0.0.1", port))
             try:
-                sock.sendall(b"POST /refuse HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
-                refused = await loop.run_in_executor(None, _until, sock, b"refused")
-                assert refused.startswith(b"HTTP/1.1 413"), refused
-                sock.sendall(b"x" * size)  # the rest, read after the response
-                await asyncio.sleep(0.2)  # the loop runs: the rest is read now, well before the next request
-                sent = time.time()
-                sock.sendall(b"GET /take HTTP/1.1\r\nHost: t\r\n\r\n")
-                await loop.run_in_executor(None, _rest, sock)
+                await before(sock)
+                return await _take(sock, hold_s)
             finally:
                 sock.close()
-            return sent
 
-    sent = _on(loop_kind, scenario)
-    assert sent <= seen["arrival"] < sent + 0.15, (sent, seen)
+    return _on(loop_kind, scenario), seen
 
 
 @pytest.mark.parametrize("loop_kind", LOOPS)
@@ -220,6 +214,15 @@ def test_a_pipelined_request_arrives_with_the_read_that_brought_it(loop_kind: st
     sent = _on(loop_kind, scenario)
     assert seen["arrival"] is not None and sent <= seen["arrival"] < sent + 0.15, (sent, seen)
     assert seen["handler"] > sent + 0.3
+
+
+async def _take(sock: socket.socket, hold_s: float = 0.0) -> float:
+    """``GET /take`` on ``sock``, this loop (the proxy's) held ``hold_s`` after the send; when it was sent."""
+    sent = time.time()
+    sock.sendall(b"GET /take HTTP/1.1\r\nHost: t\r\n\r\n")
+    time.sleep(hold_s)
+    await asyncio.get_running_loop().run_in_executor(None, _rest, sock)
+    return sent
 
 
 def _rest(sock: socket.socket) -> bytes:
