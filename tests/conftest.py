@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.proxy.app import create_app
-from exporter.proxy.wire.stamped import SO_TIMESTAMPNS, kernel_stamp
+from exporter.proxy.wire.stamped import SO_TIMESTAMPNS, read_stamped
 
 from .helpers import LiveStack, Upstream, make_config, require_prometheus, run_live_stack
 
@@ -49,8 +49,7 @@ def kernel_receive_stamps() -> Iterator[None]:
             deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline:
                 out.sendall(b"x")
-                _, ancdata, _, _ = into.recvmsg(1, socket.CMSG_SPACE(16))
-                if kernel_stamp(ancdata) is not None:
+                if read_stamped(into)[1] is not None:
                     break
                 time.sleep(0.005)
             else:

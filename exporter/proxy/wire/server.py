@@ -22,9 +22,9 @@ kernel's receive stamp (``SO_TIMESTAMPNS``):
   with an earlier one) arrives at the last read's stamp, which brought it at the latest.  A
   response prepared before its request's body was all read (a 413) leaves the body's rest to
   aiohttp, which reads it after the response: those reads are that request's, and the next
-  request's arrival is the first read after the body's end.  None where the connection is not read here (TLS, a Unix socket, a test's own server) and where that
-  read carried no stamp (one the loop made before the proxy took over): the caller keeps its own
-  clock.
+  request's arrival is the first read after the body's end.  None where the connection is not
+  read here (TLS, a Unix socket, a test's own server) and where that read carried no stamp (one
+  the loop made before the proxy took over): the caller keeps its own clock.
 
 :func:`start` serves a runner's application this way on a listening socket, and :func:`run_app`
 runs it as ``web.run_app`` would: ``serve``'s workers run on it.  A duplicate is a second descriptor
@@ -191,8 +191,7 @@ class ClientConnection(asyncio.Protocol):
         draining = self.draining
         if draining is not None and draining.is_eof():  # the answered request's last bytes: what
             self.draining = None  # follows them (in this read or a later one) is the next request
-            self.began = False
-            self.first = None
+            self.take_arrival()  # its reads end here, as a prepared response ends a request's
 
     def _release(self) -> None:
         self.pause()
