@@ -26,16 +26,24 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_split(pid: int) -> tuple[float, float]:
+    """A process's CPU seconds so far: (user, kernel), at the clock tick's resolution."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_split_of_tree(pid: int) -> tuple[float, float]:
+    """(user, kernel) CPU seconds of ``pid`` and all its descendants."""
+    splits = [cpu_split(p) for p in _tree(pid)]
+    return sum(u for u, _ in splits), sum(k for _, k in splits)
 
 
 def cpu_of_tree(pid: int) -> float:
-    return sum(cpu_seconds(p) for p in _tree(pid))
+    return sum(cpu_split_of_tree(pid))
 
 
 def pin(pid: int, cpus: set[int], tree: bool = False) -> None:
