@@ -8,8 +8,9 @@ One paced-off upstream (64 events a stream, bench/proxy_overhead.py's), nginx in
 one ``serve`` per configuration, each measured in turn, ``--rounds`` times interleaved (the medians
 are printed), saturated at 32 concurrent streams; CPU is every process of the proxy's (or nginx's)
 tree, from /proc, divided by the SSE events the clients received, and split into user time (the
-proxy's own code) and kernel time (the sockets' system calls: the same work for nginx and the
-proxy, so the gap between them is in the user column).  The configurations add one
+proxy's own code) and kernel time (the sockets' system calls: much the same for nginx and the
+proxy, so the gap between them shows in the user column; the kernel samples the split at its clock
+tick, so it is coarse where a run is short).  The configurations add one
 feature at a time to the default proxy:
 
 * ``default``: the relay, the strict analysis, the records, the metrics (what every request pays);
@@ -243,7 +244,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 def _print(cpu: dict[str, list[tuple[float, float]]], parts: dict[str, float], pace_ms: float, chunks: int) -> None:
     """The table: each row's median total, and the medians of its user and kernel time (the
-    kernel's: the sockets' system calls, the same work for every proxy; the user's: the proxy's
+    kernel's: the sockets' system calls, much the same for every proxy; the user's: the proxy's
     own code, where the rows differ)."""
     med = {name: statistics.median(u + k for u, k in v) for name, v in cpu.items()}
     split = {name: (statistics.median(u for u, _ in v), statistics.median(k for _, k in v)) for name, v in cpu.items()}
