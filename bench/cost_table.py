@@ -45,6 +45,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from exporter.harness.cliutil import positive_int  # noqa: E402
 from exporter.harness.stack import Child, exporter_argv, free_port, wait_http  # noqa: E402
 
 from bench.proxy_overhead import NGINX_CONF, nginx_binary  # noqa: E402
@@ -162,26 +163,16 @@ def _tokenizer(tmp: Path) -> Path:
     return tmp / "tokenizer.json"
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is fewer than one")
-    return value
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=_at_least_one, default=300, help="requests per configuration and round")
-    ap.add_argument("--rounds", type=_at_least_one, default=3)
+    ap.add_argument("--requests", type=positive_int, default=300, help="requests per configuration and round")
+    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--before", type=Path, metavar="DIR", help="another source tree's default proxy beside")
     ap.add_argument("--only", action="append", choices=list(FEATURES), metavar="FEATURE",
                     help="measure only these configurations (repeatable; default: every one)")
     ap.add_argument("--pace-ms", type=float, default=0.0,
                     help="ms between a stream's events (default 0: saturated; paced, each event is a read of its own)")
-    ap.add_argument("--chunks", type=_at_least_one, default=CHUNKS,
+    ap.add_argument("--chunks", type=positive_int, default=CHUNKS,
                     help=f"events a stream (default {CHUNKS}); a longer stream spreads each request's own cost thinner, "
                          "so two runs apart tell the cost per request from the cost per event")
     args = ap.parse_args()
